@@ -1,0 +1,36 @@
+"""Fine-tune a Transformer: `python recipes/finetune.py [group=option] [key=value] ...`.
+
+    python recipes/finetune.py                                   # offline default: MiniLM-L6 on `demo`
+    python recipes/finetune.py model=bert-large precision=bf16   # any config group
+    python recipes/finetune.py -m precision=fp32,bf16            # one run directory per job
+"""
+
+import sys
+import time
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+import ampft.config  # noqa: F401  (registers the structured schema before composition)
+from ampft.config import ConfigError
+from ampft.data import DataError
+from ampft.models import ModelLoadError
+
+STARTED = time.perf_counter()
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="finetune")
+def main(cfg: DictConfig) -> float:
+    from ampft.finetune import run
+
+    try:
+        summary = run(cfg, HydraConfig.get().runtime.output_dir, started=STARTED)
+    except (ConfigError, DataError, ModelLoadError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    return summary["eval"][cfg.task.main_metric]
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,136 @@
+"""Raw splits for a task: a Hub dataset, local files (by extension), or the built-in demo task.
+
+Everything returned has the columns the task config names, checked here with errors that say which
+column is missing and which ones exist, and labels already mapped to ids (or floats for regression).
+"""
+
+from __future__ import annotations
+
+import csv
+import logging
+from pathlib import Path
+
+from datasets import ClassLabel, DatasetDict, load_dataset
+from omegaconf import DictConfig
+
+from ampft.config import TaskFamily
+
+log = logging.getLogger(__name__)
+
+FORMATS = {".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
+
+
+class DataError(ValueError):
+    pass
+
+
+def file_format(path: str) -> str:
+    ext = Path(path).suffix.lower()
+    if ext not in FORMATS:
+        raise ValueError(f"{path}: unsupported extension {ext!r}; use one of {sorted(FORMATS)}")
+    return FORMATS[ext]
+
+
+def _load_files(task: DictConfig) -> DatasetDict:
+    files = {"train": task.train_file, "validation": task.validation_file}
+    formats = {file_format(f) for f in files.values()}
+    if len(formats) != 1:
+        raise DataError(f"task.train_file and task.validation_file must have the same format, got {files}")
+    fmt = formats.pop()
+    kwargs = {}
+    if fmt == "csv" and Path(task.train_file).suffix.lower() == ".tsv":
+        # GLUE-style TSV: quotes are text, not field delimiters.
+        kwargs = dict(delimiter="\t", quoting=csv.QUOTE_NONE)
+    return load_dataset(fmt, data_files=files, **kwargs)
+
+
+def _load_hub(task: DictConfig) -> DatasetDict:
+    from ampft.models import _hub_reachable
+
+    try:
+        raw = load_dataset(task.dataset, task.subset)
+    except Exception as exc:  # datasets raises several types for "not cached and offline"
+        if _hub_reachable():
+            raise
+        raise DataError(
+            f"task={task.name}: dataset {task.dataset}{'/' + task.subset if task.subset else ''} is not in the "
+            "local cache and the Hub is unreachable. Use local files instead: "
+            f"task.train_file=PATH task.validation_file=PATH (columns {list(task.text_fields)} and "
+            f"{task.label_column!r})."
+        ) from exc
+    missing = [s for s in (task.train_split, task.validation_split) if s not in raw]
+    if missing:
+        raise DataError(f"task.train_split/validation_split {missing} not in {task.dataset}: splits are {list(raw)}")
+    return DatasetDict(train=raw[task.train_split], validation=raw[task.validation_split])
+
+
+def load_raw(task: DictConfig) -> DatasetDict:
+    if task.train_file is not None:
+        raw = _load_files(task)
+    elif task.dataset is not None:
+        raw = _load_hub(task)
+    elif task.name == "demo":
+        from ampft.data.demo import demo_splits
+
+        raw = demo_splits()
+    else:
+        raise DataError(f"task={task.name}: set task.train_file/validation_file or task.dataset")
+    for split, limit in (("train", task.max_train_samples), ("validation", task.max_eval_samples)):
+        if limit is not None and len(raw[split]) > limit:
+            raw[split] = raw[split].select(range(limit))
+    _check_columns(raw, task)
+    return raw
+
+
+def _check_columns(raw: DatasetDict, task: DictConfig) -> None:
+    for split, ds in raw.items():
+        if len(ds) == 0:
+            raise DataError(f"task={task.name}: the {split} split is empty")
+        wanted = [*task.text_fields, task.label_column]
+        missing = [c for c in wanted if c not in ds.column_names]
+        if missing:
+            raise DataError(
+                f"task={task.name}: column(s) {missing} not in the {split} split, whose columns are "
+                f"{ds.column_names}. Set task.text_fields=[...] and task.label_column=... to match."
+            )
+
+
+def label_names(raw: DatasetDict, task: DictConfig) -> list[str] | None:
+    """Label names in id order (None for regression): config, ClassLabel names, or sorted values."""
+    if task.family == TaskFamily.regression:
+        return None
+    if task.labels is not None:
+        return [str(x) for x in task.labels]
+    feature = raw["train"].features[task.label_column]
+    if isinstance(feature, ClassLabel):
+        return list(feature.names)
+    values = sorted({v for v in raw["train"][task.label_column] if v is not None})
+    return [str(v) for v in values]
+
+
+def encode_labels(raw: DatasetDict, task: DictConfig, labels: list[str] | None) -> DatasetDict:
+    """Add `labels`: ids into `labels` (by name, or integer ids already in range), floats for regression."""
+    col = task.label_column
+    if labels is None:
+        return raw.map(lambda b: {"labels": [float(v) for v in b[col]]}, batched=True)
+    label2id = {name: i for i, name in enumerate(labels)}
+    out = {}
+    for split, ds in raw.items():
+        feature = ds.features[col]
+        values = set(ds.unique(col))
+        if isinstance(feature, ClassLabel):
+            values = {feature.int2str(v) for v in values if v >= 0} | {v for v in values if v < 0}
+        if {str(v) for v in values} <= set(label2id):
+            def to_id(v, feature=feature):
+                return label2id[feature.int2str(v) if isinstance(feature, ClassLabel) else str(v)]
+        elif all(isinstance(v, int) and 0 <= v < len(labels) for v in values):
+            def to_id(v):
+                return v
+        else:
+            unknown = sorted(str(v) for v in values if str(v) not in label2id)
+            raise DataError(
+                f"task={task.name}: the {split} split has labels {unknown[:10]} outside the label set "
+                f"{labels}. Fix the data, or set task.labels=[...] to the full label list in id order."
+            )
+        out[split] = ds.map(lambda b, f=to_id: {"labels": [f(v) for v in b[col]]}, batched=True)
+    return DatasetDict(out)

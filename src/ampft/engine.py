@@ -1,0 +1,191 @@
+"""The training loop, readable top to bottom.
+
+Counters: `state.step` counts optimizer updates that were applied. A step skipped by the fp16 loss
+scaler (overflow) advances neither `state.step` nor the LR scheduler, so evaluation, checkpoint and
+logging intervals and `trainer.max_steps` are all in applied updates; skipped steps are counted apart
+in `state.skipped`. Losses and token counts stay on the device and are read only at logging intervals.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from accelerate import Accelerator
+from omegaconf import DictConfig
+
+from ampft import checkpointing
+from ampft.tracking import Tracker
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainState:
+    """Everything beyond model/optimizer/scheduler/scaler/RNG that an exact resume needs."""
+
+    step: int = 0  # optimizer updates applied
+    epoch: int = 0
+    batch_in_epoch: int = 0  # micro-batches of this epoch already consumed
+    skipped: int = 0  # optimizer steps skipped by the loss scaler
+    samples: int = 0
+    tokens: int = 0
+    train_seconds: float = 0.0
+    last_loss: float = float("nan")  # mean loss of the latest logging window
+    loss_sum: float = 0.0  # sum of micro-batch losses, for the run's mean train loss
+    loss_batches: int = 0
+    eval_step: int = -1  # step of the latest evaluation
+    eval_results: dict | None = None
+
+    def state_dict(self) -> dict:
+        return asdict(self)
+
+    def load_state_dict(self, state: dict) -> None:
+        for k, v in state.items():
+            setattr(self, k, v)
+
+
+@dataclass
+class Loop:
+    accelerator: Accelerator
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    train_dl: torch.utils.data.DataLoader
+    evaluate: Callable[[], dict[str, float]]
+    tracker: Tracker
+    cfg: DictConfig
+    run_dir: Path
+    max_steps: int
+    state: TrainState
+
+
+class Meters:
+    """Token and sample counts kept on the device; folded into the state at logging points."""
+
+    def __init__(self, acc: Accelerator):
+        self.acc = acc
+        self.tokens = torch.zeros((), dtype=torch.long, device=acc.device)
+        self.samples = 0
+        self.tic = time.perf_counter()
+
+    def count(self, batch: dict) -> None:
+        self.tokens += batch["attention_mask"].sum()
+        self.samples += len(batch["labels"])
+
+    def fold(self, st: TrainState) -> None:
+        """Add what was counted and the time since the last fold or restart (one host sync)."""
+        st.tokens += int(self.acc.reduce(self.tokens, reduction="sum"))
+        st.samples += self.samples * self.acc.num_processes
+        st.train_seconds += time.perf_counter() - self.tic
+        self.tokens.zero_()
+        self.samples = 0
+        self.restart()
+
+    def restart(self) -> None:
+        self.tic = time.perf_counter()
+
+
+def fit(loop: Loop) -> TrainState:
+    acc, model, opt, sched, st = loop.accelerator, loop.model, loop.optimizer, loop.scheduler, loop.state
+    tr, ck = loop.cfg.trainer, loop.cfg.checkpoint
+    meters = Meters(acc)
+    window_loss = torch.zeros((), device=acc.device)
+    window_batches = 0
+    grad_norm = None
+
+    model.train()
+    loop.tracker.advance(st.step)
+    while st.step < loop.max_steps:
+        loop.train_dl.set_epoch(st.epoch)
+        batches = loop.train_dl
+        if st.batch_in_epoch:  # resuming mid-epoch: jump over consumed batches without loading them
+            batches = acc.skip_first_batches(loop.train_dl, st.batch_in_epoch)
+        for batch in batches:
+            with acc.accumulate(model):
+                loss = model(**batch).loss
+                acc.backward(loss)
+                if acc.sync_gradients and tr.max_grad_norm > 0:
+                    grad_norm = acc.clip_grad_norm_(model.parameters(), tr.max_grad_norm)
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            st.batch_in_epoch += 1
+            window_loss += loss.detach().float()
+            window_batches += 1
+            meters.count(batch)
+            if not acc.sync_gradients:
+                continue
+            if opt.step_was_skipped:
+                st.skipped += 1
+                continue
+            sched.step()
+            st.step += 1
+            loop.tracker.advance()
+
+            if st.step % tr.log_every == 0 or st.step == loop.max_steps:
+                meters.fold(st)
+                _close_window(st, acc, window_loss, window_batches)
+                values = dict(
+                    loss=st.last_loss,
+                    lr=sched.get_last_lr()[0],
+                    epoch=st.epoch + st.batch_in_epoch / len(loop.train_dl),
+                    samples_per_second=st.samples / max(st.train_seconds, 1e-9),
+                    tokens_per_second=st.tokens / max(st.train_seconds, 1e-9),
+                    skipped_steps=st.skipped,
+                )
+                if grad_norm is not None:
+                    values["grad_norm"] = float(grad_norm)
+                loop.tracker.log("train", st.step, values)
+                window_loss.zero_()
+                window_batches = 0
+            if tr.eval_every and st.step % tr.eval_every == 0:
+                evaluate(loop, meters)
+            if ck.every and st.step % ck.every == 0:
+                _checkpoint(loop, meters)
+            if st.step >= loop.max_steps:
+                break
+        else:  # the epoch ran out before max_steps
+            st.epoch += 1
+            st.batch_in_epoch = 0
+            if not tr.eval_every:
+                evaluate(loop, meters)
+            continue
+        break
+    meters.fold(st)
+    if window_batches:  # the last, partial logging window
+        _close_window(st, acc, window_loss, window_batches)
+    if st.eval_step != st.step:
+        evaluate(loop, meters)
+    return st
+
+
+def _close_window(st: TrainState, acc: Accelerator, window_loss: torch.Tensor, batches: int) -> None:
+    total = float(acc.reduce(window_loss, reduction="mean"))  # the host sync for the loss
+    st.loss_sum += total
+    st.loss_batches += batches
+    st.last_loss = total / batches
+
+
+def evaluate(loop: Loop, meters: Meters) -> dict[str, float]:
+    meters.fold(loop.state)  # evaluation time is not training time
+    results = loop.evaluate()
+    loop.state.eval_step, loop.state.eval_results = loop.state.step, results
+    loop.tracker.log("eval", loop.state.step, results)
+    meters.restart()
+    return results
+
+
+def _checkpoint(loop: Loop, meters: Meters) -> None:
+    meters.fold(loop.state)
+    st = loop.state
+    if not math.isfinite(st.last_loss):
+        log.warning("step %d: last logged loss is %s; not checkpointing non-finite weights", st.step, st.last_loss)
+    else:
+        checkpointing.save(loop.accelerator, loop.run_dir, st.step, loop.cfg.checkpoint.keep_last,
+                           dict(epoch=st.epoch, batch_in_epoch=st.batch_in_epoch, loss=st.last_loss))
+    meters.restart()

@@ -1,0 +1,91 @@
+"""GLUE metrics as `evaluate` modules written in the project.
+
+`evaluate.load("accuracy")` fetches a script from the Hub, which is unreachable offline; these subclasses
+of `evaluate.Metric` compute the same numbers (with scikit-learn and SciPy, as the Hub scripts do) and
+need no network. `load_metric(name)` is the one entry point.
+"""
+
+from __future__ import annotations
+
+import datasets
+import evaluate
+import numpy as np
+from scipy.stats import pearsonr, spearmanr
+from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
+
+
+class _Metric(evaluate.Metric):
+    value_type = "int64"
+
+    def _info(self) -> evaluate.MetricInfo:
+        return evaluate.MetricInfo(
+            description=self.__doc__ or "",
+            citation="",
+            inputs_description="predictions and references, one per example",
+            features=datasets.Features(
+                {"predictions": datasets.Value(self.value_type), "references": datasets.Value(self.value_type)}
+            ),
+        )
+
+
+class Accuracy(_Metric):
+    """Fraction of predictions equal to the reference."""
+
+    def _compute(self, predictions, references):
+        return {"accuracy": float(accuracy_score(references, predictions))}
+
+
+class F1(_Metric):
+    """Binary F1 of the positive class (id 1), as GLUE reports it for MRPC and QQP; macro F1 otherwise."""
+
+    def _compute(self, predictions, references):
+        labels = set(references) | set(predictions)
+        average = "binary" if labels <= {0, 1} else "macro"
+        return {"f1": float(f1_score(references, predictions, average=average, zero_division=0))}
+
+
+class MatthewsCorrelation(_Metric):
+    """Matthews correlation coefficient (CoLA's official metric)."""
+
+    def _compute(self, predictions, references):
+        return {"mcc": float(matthews_corrcoef(references, predictions))}
+
+
+class Pearson(_Metric):
+    """Pearson correlation (STS-B)."""
+
+    value_type = "float32"
+
+    def _compute(self, predictions, references):
+        return {"pearson": float(pearsonr(np.asarray(references), np.asarray(predictions))[0])}
+
+
+class Spearman(_Metric):
+    """Spearman rank correlation (STS-B)."""
+
+    value_type = "float32"
+
+    def _compute(self, predictions, references):
+        return {"spearman": float(spearmanr(np.asarray(references), np.asarray(predictions))[0])}
+
+
+METRICS: dict[str, type[_Metric]] = {
+    "accuracy": Accuracy,
+    "f1": F1,
+    "mcc": MatthewsCorrelation,
+    "pearson": Pearson,
+    "spearman": Spearman,
+}
+
+
+def load_metric(name: str) -> evaluate.Metric:
+    if name not in METRICS:
+        raise KeyError(f"unknown metric {name!r}: choose from {sorted(METRICS)}")
+    return METRICS[name]()
+
+
+def compute(names: list[str], predictions, references) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for name in names:
+        out.update(load_metric(name).compute(predictions=predictions, references=references))
+    return out

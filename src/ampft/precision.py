@@ -1,0 +1,132 @@
+"""The one place where the precision group becomes Accelerate / torch settings.
+
+fp32 and tf32 are both "no mixed precision" for Accelerate and differ only in the TF32 switches, which
+are set explicitly either way so that "fp32" means true fp32 in benchmarks. fp16 gets a dynamic
+GradScaler built from the precision group's keys; bf16 runs autocast with no scaler.
+
+Accelerate on CPU silently runs fp32 when asked for fp16 (measured with accelerate 1.15). The run must
+be in the precision it asked for, so on CPU this module turns on real fp16 autocast and a real
+`torch.amp.GradScaler("cpu")` (slow, but numerically what fp16 does), and `check_effective` refuses to
+start a run whose precision is not the one requested.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import GradScalerKwargs
+from omegaconf import DictConfig
+
+from ampft.config import Precision
+
+log = logging.getLogger(__name__)
+
+
+def mixed_precision(name: Precision) -> str:
+    """Accelerate's `mixed_precision` for a precision group name."""
+    return {"fp32": "no", "tf32": "no", "fp16": "fp16", "bf16": "bf16"}[Precision(name).value]
+
+
+def tf32_supported() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 8
+
+
+def set_tf32(enabled: bool) -> None:
+    """TF32 for matmuls and cuDNN convolutions; off means IEEE fp32 everywhere."""
+    torch.backends.cuda.matmul.allow_tf32 = enabled
+    torch.backends.cudnn.allow_tf32 = enabled
+    torch.set_float32_matmul_precision("high" if enabled else "highest")
+
+
+def grad_scaler_kwargs(p: DictConfig) -> dict:
+    """torch.amp.GradScaler arguments from the precision group's loss-scaling keys."""
+    return dict(
+        init_scale=float(p.init_scale),
+        growth_factor=float(p.growth_factor),
+        backoff_factor=float(p.backoff_factor),
+        growth_interval=int(p.growth_interval),
+    )
+
+
+def accelerator_kwargs(p: DictConfig) -> dict:
+    """Keyword arguments for `Accelerator(...)` that carry the precision."""
+    kwargs: dict = {"mixed_precision": mixed_precision(p.name)}
+    if p.name == Precision.fp16:
+        kwargs["kwargs_handlers"] = [GradScalerKwargs(**grad_scaler_kwargs(p))]
+    return kwargs
+
+
+def setup(accelerator: Accelerator, p: DictConfig) -> str:
+    """Apply the precision group to a fresh Accelerator (before `prepare`); return what will run."""
+    set_tf32(p.name == Precision.tf32 and tf32_supported())
+    if p.name == Precision.fp16 and accelerator.device.type == "cpu" and accelerator.scaler is None:
+        # Accelerate would run fp32 here. Turn on what fp16 means: autocast to float16 for the
+        # forward pass (Accelerate wraps forward when native_amp is set) and a dynamic loss scaler
+        # that prepare() hands to the optimizer, backward() and clip_grad_norm_().
+        accelerator.native_amp = True
+        accelerator.scaler = torch.amp.GradScaler("cpu", **grad_scaler_kwargs(p))
+    check_effective(accelerator, p)
+    return effective(accelerator, p)
+
+
+def effective(accelerator: Accelerator, p: DictConfig) -> str:
+    """The precision that actually runs: tf32 requested where there is none runs as fp32."""
+    if p.name == Precision.tf32 and not torch.backends.cuda.matmul.allow_tf32:
+        return "fp32"
+    return Precision(p.name).value
+
+
+def check_effective(accelerator: Accelerator, p: DictConfig) -> None:
+    """Refuse to train in a precision other than the one asked for."""
+    want = mixed_precision(p.name)
+    if accelerator.distributed_type.value == "DEEPSPEED":
+        return  # DeepSpeed's engine owns autocast and scaling; its config is generated from `p`.
+    ok = accelerator.mixed_precision == want and (
+        want == "no" or (accelerator.native_amp and (want != "fp16" or accelerator.scaler is not None))
+    )
+    if not ok:
+        raise RuntimeError(
+            f"precision={p.name.value} was requested but Accelerate set up mixed_precision="
+            f"{accelerator.mixed_precision!r} (autocast={accelerator.native_amp}, "
+            f"scaler={accelerator.scaler is not None}) on {accelerator.device}. Refusing to run in a "
+            "precision other than the one asked for: check the accelerate launch config "
+            "(`mixed_precision` there must not be set; the precision group decides)."
+        )
+
+
+def preflight(cfg: DictConfig) -> tuple[list[str], list[str]]:
+    """Hardware/precision problems (errors) and caveats (warnings), found before any model is built."""
+    errors: list[str] = []
+    warnings: list[str] = []
+    p = cfg.precision
+    cuda = torch.cuda.is_available() and not cfg.trainer.cpu
+    gpu = torch.cuda.get_device_name() if cuda else None
+    if p.name == Precision.bf16 and cuda and not torch.cuda.is_bf16_supported():
+        errors.append(
+            f"precision=bf16 but {gpu} has no bf16 support: use precision=fp16 (dynamic loss scaling)"
+        )
+    if p.name == Precision.tf32 and not (cuda and tf32_supported()):
+        where = gpu or "CPU"
+        warnings.append(f"precision=tf32: {where} has no TF32 tensor cores, so this runs as plain fp32")
+    if p.name == Precision.fp16:
+        if not cuda:
+            warnings.append(
+                "precision=fp16 on CPU runs real float16 autocast with a dynamic GradScaler; it is correct "
+                "but ~30x slower than fp32 on CPU. For speed on CPU use precision=bf16."
+            )
+        if p.hysteresis != 1:
+            warnings.append(
+                f"precision.hysteresis={p.hysteresis} is honoured by DeepSpeed only; torch's GradScaler "
+                "backs off on the first overflow"
+            )
+        if p.init_scale <= 0 or not 0 < p.backoff_factor < 1 or p.growth_factor <= 1 or p.growth_interval < 1:
+            errors.append(
+                "precision loss scaling needs init_scale > 0, 0 < backoff_factor < 1, growth_factor > 1, "
+                f"growth_interval >= 1; got init_scale={p.init_scale}, backoff_factor={p.backoff_factor}, "
+                f"growth_factor={p.growth_factor}, growth_interval={p.growth_interval}"
+            )
+    if p.max_consecutive_nonfinite < 1:
+        errors.append(f"precision.max_consecutive_nonfinite={p.max_consecutive_nonfinite}: must be >= 1")
+    return errors, warnings

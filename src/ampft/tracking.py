@@ -1,0 +1,98 @@
+"""What a run reports: metrics.jsonl, Accelerate trackers (TensorBoard by default), the progress bar,
+summary.json and the summary printed at the end. Only the main process writes; every value is written
+as measured (a NaN loss is logged as NaN, never dropped)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import resource
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+from tqdm.auto import tqdm
+
+log = logging.getLogger(__name__)
+
+
+def peak_memory_bytes(device: torch.device) -> tuple[int, str]:
+    """Peak memory of this process: CUDA allocator peak on GPU, peak resident set size on CPU."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device)), "cuda_max_memory_allocated"
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024, "cpu_peak_rss"
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        value = value.item()
+    return value
+
+
+class Tracker:
+    def __init__(self, accelerator: Accelerator, run_dir: Path, logger: str, project: str,
+                 hparams: dict[str, Any], total_steps: int, progress_bar: bool):
+        self.accelerator = accelerator
+        self.main = accelerator.is_main_process
+        self.run_dir = run_dir
+        self.trackers = logger != "none"
+        if self.trackers:
+            accelerator.init_trackers(project, config=hparams)
+        self.jsonl = (run_dir / "metrics.jsonl").open("a") if self.main else None
+        self.bar = tqdm(total=total_steps, desc="train", dynamic_ncols=True,
+                        disable=not (self.main and progress_bar))
+
+    def log(self, event: str, step: int, values: dict[str, Any]) -> None:
+        values = {k: _json_safe(v) for k, v in values.items()}
+        if self.jsonl is not None:
+            self.jsonl.write(json.dumps({"event": event, "step": step, **values}) + "\n")
+            self.jsonl.flush()
+        if self.trackers:
+            numeric = {f"{event}/{k}": v for k, v in values.items() if isinstance(v, int | float)}
+            self.accelerator.log(numeric, step=step)
+        if event == "train":
+            self.bar.set_postfix(loss=f"{values['loss']:.4f}", lr=f"{values['lr']:.2e}", refresh=False)
+        if self.main:
+            text = " ".join(f"{k}={_fmt(v)}" for k, v in values.items())
+            log.info("[%s step %d] %s", event, step, text)
+
+    def advance(self, n: int = 1) -> None:
+        self.bar.update(n)
+
+    def close(self) -> None:
+        self.bar.close()
+        if self.jsonl is not None:
+            self.jsonl.close()
+        if self.trackers:
+            self.accelerator.end_training()
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}" if math.isfinite(v) else str(v)
+    return str(v)
+
+
+def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    ev = ", ".join(f"{k}={_fmt(v)}" for k, v in summary["eval"].items())
+    rows = [
+        ("run dir", summary["run_dir"]),
+        ("precision", f"{summary['precision']} (requested {summary['precision_requested']})"),
+        ("validation", ev),
+        ("train loss", _fmt(summary["train_loss"])),
+        ("steps", f"{summary['steps']} optimizer steps, {summary['epochs']:.2f} epochs"),
+        ("throughput", f"{summary['train_samples_per_second']:.1f} samples/s, "
+                       f"{summary['train_tokens_per_second']:.0f} tokens/s (non-padding)"),
+        ("peak memory", f"{summary['peak_memory_bytes'] / 2**20:.0f} MiB ({summary['peak_memory_kind']})"),
+        ("wall time", f"{summary['wall_seconds']:.1f} s (training {summary['train_seconds']:.1f} s)"),
+    ]
+    if summary.get("export_dir"):
+        rows.append(("model", summary["export_dir"]))
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(["== ampft summary =="] + [f"{k:<{width}}  {v}" for k, v in rows])
