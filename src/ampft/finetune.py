@@ -16,12 +16,13 @@ import accelerate
 import torch
 import transformers
 from accelerate import Accelerator
+from accelerate.state import AcceleratorState, GradientState
 from accelerate.utils import DataLoaderConfiguration, set_seed
 from omegaconf import DictConfig, OmegaConf
 from transformers import get_scheduler
 
 from ampft import checkpointing, precision
-from ampft.config import LoggerName, OptimImplementation, TaskFamily, flat, to_plain, validate
+from ampft.config import LoggerName, OptimImplementation, flat, to_plain, validate
 from ampft.data import build_dataloaders, prepare_data
 from ampft.engine import Loop, TrainState, fit
 from ampft.evaluation import evaluate_model
@@ -59,8 +60,17 @@ def make_accelerator(cfg: DictConfig, run_dir: Path) -> Accelerator:
 
 
 def run(cfg: DictConfig, run_dir: Path, started: float | None = None) -> dict[str, Any]:
-    started = time.perf_counter() if started is None else started
-    run_dir = Path(run_dir)
+    """One fine-tuning run; callable repeatedly in one process (Hydra multirun, tests)."""
+    try:
+        return _run(cfg, Path(run_dir), time.perf_counter() if started is None else started)
+    finally:
+        # Accelerate keeps its settings in process-wide singletons; the next run may ask for another
+        # precision. The process group (PartialState) stays.
+        AcceleratorState._reset_state()
+        GradientState._reset_state()
+
+
+def _run(cfg: DictConfig, run_dir: Path, started: float) -> dict[str, Any]:
     for warning in validate(cfg):
         log.warning(warning)
     set_seed(cfg.trainer.seed)
@@ -97,12 +107,12 @@ def run(cfg: DictConfig, run_dir: Path, started: float | None = None) -> dict[st
     elif cfg.checkpoint.resume == "latest":
         log.info("checkpoint.resume=latest: no checkpoint in %s yet, starting from scratch", run_dir)
 
-    regression = cfg.task.family == TaskFamily.regression
+    num_labels = None if data.labels is None else len(data.labels)
     tracker = Tracker(accelerator, run_dir, cfg.logging.name.value, cfg.logging.project,
                       flat(to_plain(cfg)), max_steps, tr.progress_bar)
     loop = Loop(
         accelerator=accelerator, model=model, optimizer=optimizer, scheduler=scheduler, train_dl=train_dl,
-        evaluate=lambda: evaluate_model(accelerator, model, eval_dl, list(cfg.task.metrics), regression),
+        evaluate=lambda: evaluate_model(accelerator, model, eval_dl, list(cfg.task.metrics), num_labels),
         tracker=tracker, cfg=cfg, run_dir=run_dir, max_steps=max_steps, state=state,
     )
     log.info("training: %d optimizer steps (%d per epoch), batch %d x %d processes x %d accumulation",

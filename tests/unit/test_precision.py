@@ -1,0 +1,105 @@
+"""The precision group maps onto Accelerate/torch as documented, and a run never silently changes precision."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from accelerate import Accelerator
+from accelerate.state import AcceleratorState, GradientState
+
+from ampft import precision
+from ampft.config import validate
+
+
+@pytest.fixture(autouse=True)
+def _fresh_accelerator_state():
+    yield
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+
+
+@pytest.mark.parametrize("name,expected", [("fp32", "no"), ("tf32", "no"), ("fp16", "fp16"), ("bf16", "bf16")])
+def test_mixed_precision_mapping(name, expected):
+    assert precision.mixed_precision(name) == expected
+
+
+def test_fp32_switches_tf32_off_explicitly(compose):
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    cfg = compose(["precision=fp32"])
+    acc = Accelerator(**precision.accelerator_kwargs(cfg.precision))
+    assert precision.setup(acc, cfg.precision) == "fp32"
+    assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
+    assert torch.get_float32_matmul_precision() == "highest"
+
+
+def test_tf32_without_tensor_cores_runs_as_fp32_and_says_so(compose):
+    cfg = compose(["precision=tf32"])
+    _, warnings = precision.preflight(cfg)
+    if torch.cuda.is_available() and precision.tf32_supported():
+        pytest.skip("this machine has TF32")
+    assert any("runs as plain fp32" in w for w in warnings)
+    acc = Accelerator(**precision.accelerator_kwargs(cfg.precision))
+    assert precision.setup(acc, cfg.precision) == "fp32"
+
+
+def test_fp16_scaler_gets_the_precision_keys(compose):
+    cfg = compose(["precision=fp16", "precision.init_scale=1024", "precision.growth_interval=7",
+                   "precision.backoff_factor=0.25", "precision.growth_factor=4"])
+    acc = Accelerator(**precision.accelerator_kwargs(cfg.precision), cpu=True)
+    assert precision.setup(acc, cfg.precision) == "fp16"
+    scaler = acc.scaler
+    assert isinstance(scaler, torch.amp.GradScaler)
+    assert (scaler.get_scale(), scaler.get_growth_interval(), scaler.get_backoff_factor(),
+            scaler.get_growth_factor()) == (1024.0, 7, 0.25, 4.0)
+
+
+def test_fp16_on_cpu_is_real_fp16_not_silent_fp32(compose):
+    """Accelerate alone would run fp32 here; the run must compute in float16 under autocast."""
+    cfg = compose(["precision=fp16"])
+    acc = Accelerator(**precision.accelerator_kwargs(cfg.precision), cpu=True)
+    precision.setup(acc, cfg.precision)
+    _assert_computed_in(acc, torch.float16)
+
+
+def test_bf16_autocast_on_cpu(compose):
+    cfg = compose(["precision=bf16"])
+    acc = Accelerator(**precision.accelerator_kwargs(cfg.precision), cpu=True)
+    assert precision.setup(acc, cfg.precision) == "bf16"
+    assert acc.scaler is None  # bf16 needs no loss scaling
+    _assert_computed_in(acc, torch.bfloat16)
+
+
+def _assert_computed_in(acc, dtype):
+    """Accelerate hands outputs back as fp32; their values show the dtype the matmul ran in."""
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(64, 64)
+    x = torch.randn(4, 64)
+    exact = layer(x)
+    out = acc.prepare(layer)(x)
+    assert torch.equal(out, out.to(dtype).float()), f"output is not representable in {dtype}"
+    assert not torch.equal(out, exact)
+    torch.testing.assert_close(out, exact, atol=0.05, rtol=0.05)
+
+
+def test_precision_mismatch_is_refused(compose):
+    cfg = compose(["precision=bf16"])
+    acc = Accelerator(mixed_precision="no", cpu=True)  # e.g. a launcher config that disagrees
+    with pytest.raises(RuntimeError, match="precision=bf16 was requested"):
+        precision.setup(acc, cfg.precision)
+
+
+def test_bad_loss_scaling_keys_are_config_errors(compose):
+    from ampft.config import ConfigError
+
+    cfg = compose(["precision=fp16", "precision.backoff_factor=1.5", "precision.max_consecutive_nonfinite=0"])
+    with pytest.raises(ConfigError) as err:
+        validate(cfg)
+    text = str(err.value)
+    assert "backoff_factor=1.5" in text and "max_consecutive_nonfinite=0" in text
+
+
+def test_fp16_on_cpu_warns_about_speed(compose):
+    errors, warnings = precision.preflight(compose(["precision=fp16", "trainer.cpu=true"]))
+    assert not errors
+    assert any("slower" in w and "bf16" in w for w in warnings)
