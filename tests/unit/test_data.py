@@ -12,7 +12,6 @@ import datasets
 import pandas as pd
 import pytest
 import torch
-from datasets.exceptions import DatasetGenerationCastError
 
 import ampft.data
 from ampft.data import EpochLengthGroupedSampler, build_dataloaders, prepare_data
