@@ -13,22 +13,26 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 import ampft.config  # noqa: F401  (registers the structured schema before composition)
-from ampft.config import ConfigError
-from ampft.data import DataError
-from ampft.models import ModelLoadError
 
 STARTED = time.perf_counter()
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="finetune")
 def main(cfg: DictConfig) -> float:
+    from ampft.config import ConfigError
+    from ampft.data import DataError
+    from ampft.engine import TrainingDiverged
     from ampft.finetune import run
+    from ampft.models import ModelLoadError
 
     try:
         summary = run(cfg, HydraConfig.get().runtime.output_dir, started=STARTED)
     except (ConfigError, DataError, ModelLoadError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
+    except TrainingDiverged as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(3)
     return summary["eval"][cfg.task.main_metric]
 
 

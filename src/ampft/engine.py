@@ -9,8 +9,8 @@ in `state.skipped`. Losses and token counts stay on the device and are read only
 from __future__ import annotations
 
 import logging
-import math
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -41,6 +41,7 @@ class TrainState:
     loss_batches: int = 0
     eval_step: int = -1  # step of the latest evaluation
     eval_results: dict | None = None
+    loss_scale: float | None = None  # fp16: the scale at the end of training
 
     def state_dict(self) -> dict:
         return asdict(self)
@@ -91,12 +92,78 @@ class Meters:
         self.tic = time.perf_counter()
 
 
+class TrainingDiverged(RuntimeError):
+    """Non-finite losses or a collapsed fp16 loss scale: stop, keep the last good checkpoint."""
+
+
+class Guard:
+    """Watches for divergence without a host sync per step.
+
+    Per optimizer step, a device-side counter tracks the current run of steps whose loss was not finite
+    (and its maximum); it is read every `max_consecutive_nonfinite` attempts and at logging points. Under
+    fp16 the loss scale is read after every step (GradScaler already syncs there) and its changes are
+    kept as the scale history that the error message shows.
+    """
+
+    def __init__(self, acc: Accelerator, p: DictConfig):
+        self.acc, self.p = acc, p
+        self.step_bad = torch.zeros((), dtype=torch.bool, device=acc.device)
+        self.run = torch.zeros((), dtype=torch.long, device=acc.device)
+        self.worst = torch.zeros((), dtype=torch.long, device=acc.device)
+        self.attempts = 0
+        self.history: deque[tuple[int, float]] = deque(maxlen=12)
+        self.scale = acc.scaler.get_scale() if acc.scaler is not None else None
+        if self.scale is not None:
+            self.history.append((0, self.scale))
+
+    def see_loss(self, loss: torch.Tensor) -> None:
+        self.step_bad |= ~torch.isfinite(loss.detach())
+
+    def end_step(self, step: int) -> None:
+        """After each optimizer step attempt (applied or skipped)."""
+        self.attempts += 1
+        self.run = torch.where(self.step_bad, self.run + 1, torch.zeros_like(self.run))
+        self.worst = torch.maximum(self.worst, self.run)
+        self.step_bad.zero_()
+        if self.scale is not None:
+            scale = self.acc.scaler.get_scale()
+            if scale != self.scale:
+                self.history.append((step, scale))
+                self.scale = scale
+            if scale < self.p.min_scale:
+                self.fail(step, f"the fp16 loss scale collapsed to {scale:g}, below precision.min_scale="
+                                 f"{self.p.min_scale:g}")
+        if self.attempts % self.p.max_consecutive_nonfinite == 0:
+            self.check(step)
+
+    def check(self, step: int) -> None:
+        worst = int(self.acc.reduce(self.worst, reduction="max"))
+        if worst >= self.p.max_consecutive_nonfinite:
+            self.fail(step, f"the loss was not finite for {worst} optimizer steps in a row "
+                             f"(precision.max_consecutive_nonfinite={self.p.max_consecutive_nonfinite})")
+
+    def fail(self, step: int, what: str) -> None:
+        history = ", ".join(f"step {s}: {v:g}" for s, v in self.history) or "n/a (no loss scaling)"
+        raise TrainingDiverged(
+            f"training diverged at step {step}: {what}.\n"
+            f"  loss-scale history: {history}\n"
+            "  likely fixes: precision=bf16 (fp32's range, no loss scaling); a lower optim.lr or more "
+            "scheduler.warmup_steps; trainer.max_grad_norm=1.0; for fp16 a smaller precision.init_scale.\n"
+            "  The last good checkpoint (if any) is intact; no checkpoint was written from these weights."
+        )
+
+
+def weights_finite(model: torch.nn.Module) -> bool:
+    return all(bool(torch.isfinite(p).all()) for p in model.parameters())
+
+
 def fit(loop: Loop) -> TrainState:
     acc, model, opt, sched, st = loop.accelerator, loop.model, loop.optimizer, loop.scheduler, loop.state
     tr, ck = loop.cfg.trainer, loop.cfg.checkpoint
     meters = Meters(acc)
+    guard = Guard(acc, loop.cfg.precision)
     window_loss = torch.zeros((), device=acc.device)
-    window_batches = 0
+    window_batches, window_skipped = 0, 0
     grad_norm = None
 
     model.train()
@@ -110,18 +177,28 @@ def fit(loop: Loop) -> TrainState:
             with acc.accumulate(model):
                 loss = model(**batch).loss
                 acc.backward(loss)
-                if acc.sync_gradients and tr.max_grad_norm > 0:
-                    grad_norm = acc.clip_grad_norm_(model.parameters(), tr.max_grad_norm)
+                if acc.sync_gradients:
+                    # Unscales fp16 gradients first; inf/NaN when the step overflowed. Without clipping
+                    # the norm is only computed on steps that are logged.
+                    if tr.max_grad_norm > 0:
+                        grad_norm = acc.clip_grad_norm_(model.parameters(), tr.max_grad_norm)
+                    elif (st.step + 1) % tr.log_every == 0:
+                        grad_norm = acc.clip_grad_norm_(model.parameters(), float("inf"))
                 opt.step()
                 opt.zero_grad(set_to_none=True)
             st.batch_in_epoch += 1
             window_loss += loss.detach().float()
             window_batches += 1
+            guard.see_loss(loss)
             meters.count(batch)
             if not acc.sync_gradients:
                 continue
-            if opt.step_was_skipped:
+            skipped = opt.step_was_skipped
+            if skipped:  # fp16 overflow: no update, so no scheduler step and no step count
                 st.skipped += 1
+                window_skipped += 1
+            guard.end_step(st.step)
+            if skipped:
                 continue
             sched.step()
             st.step += 1
@@ -137,16 +214,20 @@ def fit(loop: Loop) -> TrainState:
                     samples_per_second=st.samples / max(st.train_seconds, 1e-9),
                     tokens_per_second=st.tokens / max(st.train_seconds, 1e-9),
                     skipped_steps=st.skipped,
+                    skipped_in_window=window_skipped,
                 )
                 if grad_norm is not None:
                     values["grad_norm"] = float(grad_norm)
-                loop.tracker.log("train", st.step, values)
+                if guard.scale is not None:
+                    values["loss_scale"] = guard.scale
+                loop.tracker.log("train", st.step, values)  # NaN and inf are logged as they are
                 window_loss.zero_()
-                window_batches = 0
+                window_batches, window_skipped = 0, 0
+                guard.check(st.step)
             if tr.eval_every and st.step % tr.eval_every == 0:
                 evaluate(loop, meters)
             if ck.every and st.step % ck.every == 0:
-                _checkpoint(loop, meters)
+                _checkpoint(loop, meters, guard)
             if st.step >= loop.max_steps:
                 break
         else:  # the epoch ran out before max_steps
@@ -159,6 +240,8 @@ def fit(loop: Loop) -> TrainState:
     meters.fold(st)
     if window_batches:  # the last, partial logging window
         _close_window(st, acc, window_loss, window_batches)
+    guard.check(st.step)
+    st.loss_scale = guard.scale
     if st.eval_step != st.step:
         evaluate(loop, meters)
     return st
@@ -180,12 +263,12 @@ def evaluate(loop: Loop, meters: Meters) -> dict[str, float]:
     return results
 
 
-def _checkpoint(loop: Loop, meters: Meters) -> None:
+def _checkpoint(loop: Loop, meters: Meters, guard: Guard) -> None:
     meters.fold(loop.state)
     st = loop.state
-    if not math.isfinite(st.last_loss):
-        log.warning("step %d: last logged loss is %s; not checkpointing non-finite weights", st.step, st.last_loss)
-    else:
-        checkpointing.save(loop.accelerator, loop.run_dir, st.step, loop.cfg.checkpoint.keep_last,
-                           dict(epoch=st.epoch, batch_in_epoch=st.batch_in_epoch, loss=st.last_loss))
+    guard.check(st.step)
+    if not weights_finite(loop.model):  # never overwrite good checkpoints with broken weights
+        guard.fail(st.step, "the weights are not finite at a checkpoint")
+    checkpointing.save(loop.accelerator, loop.run_dir, st.step, loop.cfg.checkpoint.keep_last,
+                       dict(epoch=st.epoch, batch_in_epoch=st.batch_in_epoch, loss=st.last_loss))
     meters.restart()

@@ -19,12 +19,12 @@ from accelerate import Accelerator
 from accelerate.state import AcceleratorState, GradientState
 from accelerate.utils import DataLoaderConfiguration, set_seed
 from omegaconf import DictConfig, OmegaConf
-from transformers import get_scheduler
+from transformers import PreTrainedTokenizerBase, get_scheduler
 
 from ampft import checkpointing, precision
 from ampft.config import LoggerName, OptimImplementation, flat, to_plain, validate
 from ampft.data import build_dataloaders, prepare_data
-from ampft.engine import Loop, TrainState, fit
+from ampft.engine import Loop, TrainingDiverged, TrainState, fit, weights_finite
 from ampft.evaluation import evaluate_model
 from ampft.models import build_model, load_tokenizer
 from ampft.tracking import Tracker, format_summary, peak_memory_bytes, write_summary
@@ -61,16 +61,26 @@ def make_accelerator(cfg: DictConfig, run_dir: Path) -> Accelerator:
 
 def run(cfg: DictConfig, run_dir: Path, started: float | None = None) -> dict[str, Any]:
     """One fine-tuning run; callable repeatedly in one process (Hydra multirun, tests)."""
+    started = time.perf_counter() if started is None else started
+    run_dir = Path(run_dir)
     try:
-        return _run(cfg, Path(run_dir), time.perf_counter() if started is None else started)
+        loop, tokenizer, ran_precision = build(cfg, run_dir)
+        fit(loop)
+        loop.tracker.close()
+        return finish(loop, tokenizer, ran_precision, started)
     finally:
-        # Accelerate keeps its settings in process-wide singletons; the next run may ask for another
-        # precision. The process group (PartialState) stays.
-        AcceleratorState._reset_state()
-        GradientState._reset_state()
+        reset_accelerate()
 
 
-def _run(cfg: DictConfig, run_dir: Path, started: float) -> dict[str, Any]:
+def reset_accelerate() -> None:
+    """Accelerate keeps its settings in process-wide singletons; the next run may ask for another
+    precision. The process group (PartialState) stays."""
+    AcceleratorState._reset_state()
+    GradientState._reset_state()
+
+
+def build(cfg: DictConfig, run_dir: Path) -> tuple[Loop, PreTrainedTokenizerBase, str]:
+    """Everything the loop needs, after validation; resumed from a checkpoint if asked."""
     for warning in validate(cfg):
         log.warning(warning)
     set_seed(cfg.trainer.seed)
@@ -117,11 +127,17 @@ def _run(cfg: DictConfig, run_dir: Path, started: float) -> dict[str, Any]:
     )
     log.info("training: %d optimizer steps (%d per epoch), batch %d x %d processes x %d accumulation",
              max_steps, steps_per_epoch, tr.batch_size, accelerator.num_processes, tr.grad_accum)
-    fit(loop)
-    tracker.close()
+    return loop, tokenizer, ran_precision
+
+
+def finish(loop: Loop, tokenizer: PreTrainedTokenizerBase, ran_precision: str, started: float) -> dict[str, Any]:
+    """Export the model, write summary.json and print the summary."""
+    cfg, run_dir, accelerator, model, state = loop.cfg, loop.run_dir, loop.accelerator, loop.model, loop.state
 
     export_dir = run_dir / "model" if cfg.checkpoint.export else None
     if export_dir is not None:
+        if not weights_finite(model):
+            raise TrainingDiverged("the final weights are not finite: not exporting them")
         checkpointing.export(accelerator, model, tokenizer, export_dir, OmegaConf.to_yaml(to_plain(cfg)))
 
     peak, peak_kind = peak_memory_bytes(accelerator.device)
@@ -146,7 +162,8 @@ def _run(cfg: DictConfig, run_dir: Path, started: float) -> dict[str, Any]:
         train_seconds=state.train_seconds,
         steps=state.step,
         skipped_steps=state.skipped,
-        epochs=state.epoch + state.batch_in_epoch / len(train_dl),
+        loss_scale_final=state.loss_scale,
+        epochs=state.epoch + state.batch_in_epoch / len(loop.train_dl),
         num_processes=accelerator.num_processes,
         distributed_type=accelerator.distributed_type.value,
         device=str(accelerator.device),

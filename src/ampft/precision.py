@@ -13,6 +13,7 @@ start a run whose precision is not the one requested.
 from __future__ import annotations
 
 import logging
+import math
 
 import torch
 from accelerate import Accelerator
@@ -58,15 +59,31 @@ def accelerator_kwargs(p: DictConfig) -> dict:
     return kwargs
 
 
+class StaticGradScaler(torch.amp.GradScaler):
+    """A fixed loss scale (`precision.static_scale`): overflowing steps are still skipped, the scale stays."""
+
+    def __init__(self, device: str, scale: float):
+        super().__init__(device, init_scale=scale, growth_interval=2**31 - 1)
+        self.static_scale = scale
+
+    def update(self, new_scale=None) -> None:
+        super().update(self.static_scale)
+
+
 def setup(accelerator: Accelerator, p: DictConfig) -> str:
     """Apply the precision group to a fresh Accelerator (before `prepare`); return what will run."""
     set_tf32(p.name == Precision.tf32 and tf32_supported())
-    if p.name == Precision.fp16 and accelerator.device.type == "cpu" and accelerator.scaler is None:
-        # Accelerate would run fp32 here. Turn on what fp16 means: autocast to float16 for the
-        # forward pass (Accelerate wraps forward when native_amp is set) and a dynamic loss scaler
-        # that prepare() hands to the optimizer, backward() and clip_grad_norm_().
-        accelerator.native_amp = True
-        accelerator.scaler = torch.amp.GradScaler("cpu", **grad_scaler_kwargs(p))
+    if p.name == Precision.fp16 and accelerator.distributed_type.value != "DEEPSPEED":
+        device = accelerator.device.type
+        if p.static_scale is not None:
+            accelerator.native_amp = True
+            accelerator.scaler = StaticGradScaler(device, float(p.static_scale))
+        elif device == "cpu" and accelerator.scaler is None:
+            # Accelerate would run fp32 here. Turn on what fp16 means: autocast to float16 for the
+            # forward pass (Accelerate wraps forward when native_amp is set) and a dynamic loss scaler
+            # that prepare() hands to the optimizer, backward() and clip_grad_norm_().
+            accelerator.native_amp = True
+            accelerator.scaler = torch.amp.GradScaler("cpu", **grad_scaler_kwargs(p))
     check_effective(accelerator, p)
     return effective(accelerator, p)
 
@@ -76,6 +93,29 @@ def effective(accelerator: Accelerator, p: DictConfig) -> str:
     if p.name == Precision.tf32 and not torch.backends.cuda.matmul.allow_tf32:
         return "fp32"
     return Precision(p.name).value
+
+
+def deepspeed_section(p: DictConfig) -> tuple[dict, list[str]]:
+    """The fp16/bf16 part of a DeepSpeed config, from the same keys; plus what DeepSpeed cannot honour."""
+    fp16 = p.name == Precision.fp16
+    section: dict = {"fp16": {"enabled": fp16}, "bf16": {"enabled": p.name == Precision.bf16}}
+    caveats: list[str] = []
+    if fp16:
+        power = math.log2(p.init_scale)
+        if power != int(power):
+            caveats.append(f"precision.init_scale={p.init_scale:g}: DeepSpeed takes a power of two; using "
+                           f"2^{round(power)}")
+        section["fp16"].update(
+            loss_scale=0 if p.static_scale is None else float(p.static_scale),  # 0 means dynamic
+            initial_scale_power=int(round(power)),
+            loss_scale_window=int(p.growth_interval),
+            hysteresis=int(p.hysteresis),
+            min_loss_scale=float(p.min_scale),
+        )
+        if p.growth_factor != 2.0 or p.backoff_factor != 0.5:
+            caveats.append(f"precision.growth_factor={p.growth_factor:g} / backoff_factor={p.backoff_factor:g}: "
+                           "DeepSpeed always grows x2 and backs off x0.5")
+    return section, caveats
 
 
 def check_effective(accelerator: Accelerator, p: DictConfig) -> None:
