@@ -19,20 +19,24 @@ STARTED = time.perf_counter()
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="finetune")
 def main(cfg: DictConfig) -> float:
+    from ampft.checkpointing import CheckpointError
     from ampft.config import ConfigError
     from ampft.data import DataError
-    from ampft.engine import TrainingDiverged
+    from ampft.engine import Preempted, TrainingDiverged
     from ampft.finetune import run
     from ampft.models import ModelLoadError
 
     try:
         summary = run(cfg, HydraConfig.get().runtime.output_dir, started=STARTED)
-    except (ConfigError, DataError, ModelLoadError) as exc:
+    except (ConfigError, DataError, ModelLoadError, CheckpointError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
     except TrainingDiverged as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(3)
+    except Preempted as exc:
+        print(f"preempted: {exc}", file=sys.stderr)
+        sys.exit(Preempted.exit_code)
     return summary["eval"][cfg.task.main_metric]
 
 

@@ -50,6 +50,11 @@ class SchedulerName(str, Enum):
     constant = "constant"
 
 
+class MetricMode(str, Enum):
+    max = "max"
+    min = "min"
+
+
 class LoggerName(str, Enum):
     tensorboard = "tensorboard"
     wandb = "wandb"
@@ -152,8 +157,13 @@ class TrainerConfig:
 class CheckpointConfig:
     every: int = 0  # optimizer steps; 0: no periodic checkpoints
     keep_last: int = 2
+    keep_best: int = 0  # also keep the best K by `metric` (evaluated at each checkpoint)
+    metric: str | None = None  # null: task.main_metric; or `loss` (the validation loss)
+    mode: MetricMode = MetricMode.max
     resume: str | None = None  # latest | a checkpoint folder
+    allow_config_change: bool = False  # resume even if exactness-relevant settings changed
     export: bool = True
+    export_best: bool = False  # export the best checkpoint's weights instead of the last ones
 
 
 @dataclass
@@ -214,11 +224,16 @@ def validate(cfg: DictConfig) -> list[str]:
             problems.append(f"trainer.{key}={tr[key]}: must be >= 1")
     if tr.eval_every < 0:
         problems.append(f"trainer.eval_every={tr.eval_every}: must be >= 0 (0 evaluates at each epoch end)")
-    if cfg.checkpoint.every < 0 or cfg.checkpoint.keep_last < 1:
+    ck = cfg.checkpoint
+    if ck.every < 0 or ck.keep_last < 1 or ck.keep_best < 0:
         problems.append(
-            f"checkpoint.every={cfg.checkpoint.every}, checkpoint.keep_last={cfg.checkpoint.keep_last}: "
-            "every must be >= 0 and keep_last >= 1"
+            f"checkpoint.every={ck.every}, checkpoint.keep_last={ck.keep_last}, checkpoint.keep_best="
+            f"{ck.keep_best}: every must be >= 0, keep_last >= 1, keep_best >= 0"
         )
+    if ck.metric is not None and ck.metric != "loss" and ck.metric not in task.metrics:
+        problems.append(f"checkpoint.metric={ck.metric}: not one of task.metrics={list(task.metrics)} or loss")
+    if (ck.keep_best or ck.export_best) and not ck.every:
+        problems.append("checkpoint.keep_best/export_best need periodic checkpoints: set checkpoint.every=N")
     if cfg.optim.lr <= 0:
         problems.append(f"optim.lr={cfg.optim.lr}: must be > 0 (e.g. optim.lr=3e-5)")
     if not 0 <= cfg.scheduler.warmup_ratio < 1:

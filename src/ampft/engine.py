@@ -9,9 +9,12 @@ in `state.skipped`. Losses and token counts stay on the device and are read only
 from __future__ import annotations
 
 import logging
+import signal
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -20,6 +23,7 @@ from accelerate import Accelerator
 from omegaconf import DictConfig
 
 from ampft import checkpointing
+from ampft.config import to_plain
 from ampft.tracking import Tracker
 
 log = logging.getLogger(__name__)
@@ -158,6 +162,11 @@ def weights_finite(model: torch.nn.Module) -> bool:
 
 
 def fit(loop: Loop) -> TrainState:
+    with preemption_signals() as preempt:
+        return _fit(loop, preempt)
+
+
+def _fit(loop: Loop, preempt: dict) -> TrainState:
     acc, model, opt, sched, st = loop.accelerator, loop.model, loop.optimizer, loop.scheduler, loop.state
     tr, ck = loop.cfg.trainer, loop.cfg.checkpoint
     meters = Meters(acc)
@@ -169,10 +178,10 @@ def fit(loop: Loop) -> TrainState:
     model.train()
     loop.tracker.advance(st.step)
     while st.step < loop.max_steps:
-        loop.train_dl.set_epoch(st.epoch)
         batches = loop.train_dl
         if st.batch_in_epoch:  # resuming mid-epoch: jump over consumed batches without loading them
             batches = acc.skip_first_batches(loop.train_dl, st.batch_in_epoch)
+        batches.set_epoch(st.epoch)  # the epoch's data order (a fresh skip loader would say epoch 0)
         for batch in batches:
             with acc.accumulate(model):
                 loss = model(**batch).loss
@@ -228,6 +237,9 @@ def fit(loop: Loop) -> TrainState:
                 evaluate(loop, meters)
             if ck.every and st.step % ck.every == 0:
                 _checkpoint(loop, meters, guard)
+            if st.step < loop.max_steps and _preempted(loop, preempt, meters, guard):
+                raise Preempted(f"stopped by {preempt['signal']} at step {st.step}; checkpoint written. "
+                                f"Resume: hydra.run.dir={loop.run_dir} checkpoint.resume=latest")
             if st.step >= loop.max_steps:
                 break
         else:  # the epoch ran out before max_steps
@@ -265,10 +277,56 @@ def evaluate(loop: Loop, meters: Meters) -> dict[str, float]:
 
 def _checkpoint(loop: Loop, meters: Meters, guard: Guard) -> None:
     meters.fold(loop.state)
-    st = loop.state
+    st, ck = loop.state, loop.cfg.checkpoint
     guard.check(st.step)
     if not weights_finite(loop.model):  # never overwrite good checkpoints with broken weights
         guard.fail(st.step, "the weights are not finite at a checkpoint")
-    checkpointing.save(loop.accelerator, loop.run_dir, st.step, loop.cfg.checkpoint.keep_last,
-                       dict(epoch=st.epoch, batch_in_epoch=st.batch_in_epoch, loss=st.last_loss))
+    metric = None
+    if ck.keep_best or ck.export_best:  # rank checkpoints by an evaluation at this very step
+        if st.eval_step != st.step:
+            evaluate(loop, meters)
+        name = ck.metric or loop.cfg.task.main_metric
+        metric = {"name": name, "value": st.eval_results[name]}
+    info = dict(epoch=st.epoch, batch_in_epoch=st.batch_in_epoch, loss=st.last_loss, metric=metric)
+    checkpointing.save(loop.accelerator, loop.run_dir, st.step, info, to_plain(loop.cfg), ck.keep_last,
+                       ck.keep_best, ck.mode.value)
     meters.restart()
+
+
+class Preempted(Exception):
+    """SIGTERM/SIGUSR1 arrived; a checkpoint was written at the next step boundary."""
+
+    exit_code = 75  # EX_TEMPFAIL: try again (resume with checkpoint.resume=latest)
+
+
+@contextmanager
+def preemption_signals():
+    """Turn SIGTERM and SIGUSR1 into a flag the loop reads at step boundaries (main thread only)."""
+    flag = {"signal": None}
+    if threading.current_thread() is not threading.main_thread():
+        yield flag
+        return
+
+    def handler(signum, frame):
+        flag["signal"] = signal.Signals(signum).name
+        log.warning("%s received: will checkpoint at the next step boundary and exit", flag["signal"])
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGUSR1)}
+    try:
+        yield flag
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def _preempted(loop: Loop, flag: dict, meters: Meters, guard: Guard) -> bool:
+    acc, st = loop.accelerator, loop.state
+    if acc.num_processes == 1:
+        requested = flag["signal"] is not None
+    elif st.step % loop.cfg.trainer.log_every == 0:  # ranks agree (one collective per logging interval)
+        requested = bool(acc.reduce(torch.tensor(flag["signal"] is not None, device=acc.device), "max"))
+    else:
+        return False
+    if requested:
+        _checkpoint(loop, meters, guard)
+    return requested

@@ -86,6 +86,9 @@ def build(cfg: DictConfig, run_dir: Path) -> tuple[Loop, PreTrainedTokenizerBase
     set_seed(cfg.trainer.seed)
     accelerator = make_accelerator(cfg, run_dir)
     ran_precision = precision.setup(accelerator, cfg.precision)
+    resume = checkpointing.resolve_resume(run_dir, cfg.checkpoint.resume)  # before any heavy work
+    if resume is not None:
+        checkpointing.check_config(resume, to_plain(cfg), cfg.checkpoint.allow_config_change)
     if accelerator.is_main_process:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(to_plain(cfg)))
@@ -109,7 +112,6 @@ def build(cfg: DictConfig, run_dir: Path) -> tuple[Loop, PreTrainedTokenizerBase
     state = TrainState()
     accelerator.register_for_checkpointing(state)
 
-    resume = checkpointing.resolve_resume(run_dir, cfg.checkpoint.resume)
     if resume is not None:
         accelerator.load_state(str(resume))
         log.info("resumed from %s at step %d (epoch %d, batch %d)", resume, state.step, state.epoch,
@@ -131,15 +133,8 @@ def build(cfg: DictConfig, run_dir: Path) -> tuple[Loop, PreTrainedTokenizerBase
 
 
 def finish(loop: Loop, tokenizer: PreTrainedTokenizerBase, ran_precision: str, started: float) -> dict[str, Any]:
-    """Export the model, write summary.json and print the summary."""
+    """Summarise, export the model (last or best weights) with a model card, write summary.json."""
     cfg, run_dir, accelerator, model, state = loop.cfg, loop.run_dir, loop.accelerator, loop.model, loop.state
-
-    export_dir = run_dir / "model" if cfg.checkpoint.export else None
-    if export_dir is not None:
-        if not weights_finite(model):
-            raise TrainingDiverged("the final weights are not finite: not exporting them")
-        checkpointing.export(accelerator, model, tokenizer, export_dir, OmegaConf.to_yaml(to_plain(cfg)))
-
     peak, peak_kind = peak_memory_bytes(accelerator.device)
     summary = dict(
         run_dir=str(run_dir),
@@ -167,13 +162,83 @@ def finish(loop: Loop, tokenizer: PreTrainedTokenizerBase, ran_precision: str, s
         num_processes=accelerator.num_processes,
         distributed_type=accelerator.distributed_type.value,
         device=str(accelerator.device),
-        device_name=torch.cuda.get_device_name() if accelerator.device.type == "cuda" else platform.processor()
-        or platform.machine(),
-        export_dir=str(export_dir) if export_dir else None,
+        device_name=_device_name(accelerator.device),
+        export_dir=None,
+        exported=None,
+        command=_command(run_dir),
         versions=dict(torch=torch.__version__, transformers=transformers.__version__,
                       accelerate=accelerate.__version__),
     )
+    if cfg.checkpoint.export:
+        summary["exported"] = f"last (step {state.step})"
+        if cfg.checkpoint.export_best and (top := checkpointing.best(checkpointing.checkpoints(run_dir),
+                                                                     cfg.checkpoint.mode.value)):
+            m = checkpointing.manifest(top[0])["metric"]
+            accelerator.load_state(str(top[0]))  # the best weights (the summary above stays the run's)
+            summary["exported"] = f"best: {top[0].name} ({m['name']}={m['value']:.4g})"
+        if not weights_finite(model):
+            raise TrainingDiverged("the final weights are not finite: not exporting them")
+        summary["export_dir"] = str(run_dir / "model")
+        checkpointing.export(accelerator, model, tokenizer, run_dir / "model", to_plain(cfg), model_card(summary))
     if accelerator.is_main_process:
         write_summary(run_dir, summary)
         print(format_summary(summary), flush=True)
     return summary
+
+
+def _device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _command(run_dir: Path) -> str | None:
+    """The command that produced the run, from Hydra's record of the overrides."""
+    overrides = run_dir / ".hydra" / "overrides.yaml"
+    if not overrides.is_file():
+        return None
+    args = [a for a in OmegaConf.load(overrides) if not str(a).startswith("hydra.")]
+    return " ".join(["python recipes/finetune.py", *map(str, args)])
+
+
+def model_card(s: dict[str, Any]) -> str:
+    metrics = "\n".join(f"| {k} | {v:.4f} |" for k, v in s["eval"].items())
+    return f"""---
+library_name: transformers
+pipeline_tag: text-classification
+tags: [ampft]
+---
+
+# {s["model"]} fine-tuned on {s["task"]}
+
+Fine-tuned with [ampft](https://github.com/) in **{s["precision"]}** precision for {s["steps"]} optimizer
+steps ({s["epochs"]:.2f} epochs); exported weights: {s["exported"]}.
+
+| validation metric | value |
+|---|---|
+{metrics}
+
+- train loss (mean over the run): {s["train_loss"]:.4f}
+- throughput: {s["train_samples_per_second"]:.1f} samples/s, {s["train_tokens_per_second"]:.0f} tokens/s \
+  (non-padding) on {s["num_processes"]} x {s["device_name"]} ({s["device"]})
+- fp16 steps skipped for overflow: {s["skipped_steps"]}
+- versions: {", ".join(f"{k} {v}" for k, v in s["versions"].items())}
+
+Command:
+
+```
+{s["command"] or "(not recorded: run outside the recipe)"}
+```
+
+```python
+from transformers import AutoModelForSequenceClassification, AutoTokenizer
+model = AutoModelForSequenceClassification.from_pretrained("path/to/this/folder")
+tokenizer = AutoTokenizer.from_pretrained("path/to/this/folder")
+```
+"""

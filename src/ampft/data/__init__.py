@@ -110,10 +110,14 @@ def build_dataloaders(cfg: DictConfig, data: TaskData, tokenizer: PreTrainedToke
     columns = [c for c in MODEL_INPUTS if c in data.train.column_names]
     train, validation = (ds.select_columns(columns) for ds in (data.train, data.validation))
     if tr.group_by_length:
-        sampler = EpochLengthGroupedSampler(tr.batch_size, data.train["length"], tr.seed)
+        sampler = EpochLengthGroupedSampler(tr.batch_size, data.train["length"][:], tr.seed)
     else:
         sampler = RandomSampler(train)  # Accelerate turns it into a seedable sampler (set_epoch)
     common = dict(collate_fn=collate, num_workers=tr.num_workers, pin_memory=pin_memory)
-    train_dl = DataLoader(train, batch_size=tr.batch_size, sampler=sampler, **common)
-    eval_dl = DataLoader(validation, batch_size=tr.eval_batch_size or 2 * tr.batch_size, **common)
+    # Own generators: creating an iterator must not draw from the global RNG, or a resumed run's dropout
+    # masks (restored RNG state, then a fresh iterator) would differ from the uninterrupted run's.
+    train_dl = DataLoader(train, batch_size=tr.batch_size, sampler=sampler,
+                          generator=torch.Generator().manual_seed(tr.seed), **common)
+    eval_dl = DataLoader(validation, batch_size=tr.eval_batch_size or 2 * tr.batch_size,
+                         generator=torch.Generator().manual_seed(tr.seed), **common)
     return train_dl, eval_dl
