@@ -1,0 +1,254 @@
+"""Token classification (NER): CoNLL files → word-aligned sub-token labels → word tags → entity scores.
+
+A model labels sub-tokens, but NER is scored per word and per entity, so this module keeps the bridge
+both ways: `tokenize_and_align` stores each feature's `word_ids` next to its labels, and
+`predictions_to_tags` reads one tag per word back (the first sub-token's prediction; a word cut off by
+truncation is tagged O, so truncation costs recall instead of silently shrinking the gold set).
+`Seqeval` scores entities like conlleval and seqeval's default mode (chunking written here: `evaluate`'s
+seqeval needs the Hub and the seqeval package), with seqeval's strict mode per scheme as an option.
+
+Tokenizers that pad on the left get features padded to `max_length` here, so token positions are final
+and a collator adds nothing before them; with right padding, padding stays dynamic (the collator's).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import datasets
+import evaluate
+import numpy as np
+from transformers import PreTrainedTokenizerBase
+
+IGNORE_INDEX = -100  # PyTorch's cross-entropy ignore_index: no loss, no prediction read
+SCHEMES = ("IOB1", "IOB2")
+_FIELDS = re.compile(r"[ \t]+")
+
+
+def read_conll(path: str | Path, token_column: int = 0, tag_column: int = -1) -> datasets.Dataset:
+    """Sentences of a CoNLL file (one token per line, blank line between sentences) as tokens/tags lists."""
+    sentences: list[tuple[list[str], list[str]]] = []
+    tokens: list[str] = []
+    tags: list[str] = []
+    width = None
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            line = line.strip(" \t\r\n")
+            fields = _FIELDS.split(line) if line else []
+            if not fields or fields[0] == "-DOCSTART-":
+                if tokens:
+                    sentences.append((tokens, tags))
+                tokens, tags = [], []
+                continue
+            n = len(fields)
+            width = width or n
+            if n != width:
+                problem = f"{n} fields where the file's first token line has {width}"
+            elif not (-n <= token_column < n and -n <= tag_column < n) or token_column % n == tag_column % n:
+                problem = (f"{n} field(s) have no separate token column {token_column} and tag column "
+                           f"{tag_column} (set token_column/tag_column)")
+            else:
+                problem = None
+            if problem:
+                raise ValueError(f"{path}:{lineno}: malformed line {line!r}: {problem}")
+            tokens.append(fields[token_column])
+            tags.append(fields[tag_column])
+    if tokens:  # a last sentence without a final blank line
+        sentences.append((tokens, tags))
+    features = datasets.Features(
+        tokens=datasets.List(datasets.Value("string")), tags=datasets.List(datasets.Value("string"))
+    )
+    return datasets.Dataset.from_dict(
+        {"tokens": [s[0] for s in sentences], "tags": [s[1] for s in sentences]}, features=features
+    )
+
+
+def label_list(data: datasets.Dataset | Iterable[datasets.Dataset]) -> list[str]:
+    """All tags of one or more datasets (a DatasetDict's values too): O first, then sorted."""
+    if isinstance(data, datasets.DatasetDict):
+        data = data.values()
+    elif isinstance(data, datasets.Dataset):
+        data = [data]
+    columns = (ds.select_columns(["tags"]).with_format(None)[:]["tags"] for ds in data)  # one read each
+    seen = {tag for rows in columns for row in rows for tag in row}
+    return ["O", *sorted(seen - {"O"})]
+
+
+def encode_tags(tags: Sequence[str], label2id: Mapping[str, int]) -> list[int]:
+    """Tag strings to ids, with an error naming the unknown tag (instead of a bare KeyError)."""
+    try:
+        return [label2id[t] for t in tags]
+    except KeyError as exc:
+        raise ValueError(f"tag {exc.args[0]!r} is not in the label list {list(label2id)}") from None
+
+
+def tokenize_and_align(batch: Mapping[str, list], tokenizer: PreTrainedTokenizerBase,
+                       label2id: Mapping[str, int], max_length: int,
+                       label_all_subtokens: bool = False) -> dict[str, list]:
+    """For `Dataset.map(batched=True)`: model inputs, `labels` (when the batch has `tags`) and `word_ids`.
+
+    `labels` gives each word's tag to its first sub-token and -100 to the rest (or, with
+    `label_all_subtokens`, the word's tag to every sub-token, I-X in place of B-X after the first, where
+    the label list has I-X); special and padding tokens get -100. `word_ids` (None for special tokens) is
+    what `predictions_to_tags` needs; keep it out of the collator.
+    """
+    enc = tokenizer(batch["tokens"], is_split_into_words=True, truncation=True, max_length=max_length,
+                    padding="max_length" if tokenizer.padding_side == "left" else False)
+    out = dict(enc)
+    out["word_ids"] = [enc.word_ids(i) for i in range(len(batch["tokens"]))]
+    if "tags" not in batch:
+        return out
+    out["labels"] = []
+    for tags, word_ids in zip(batch["tags"], out["word_ids"], strict=True):
+        ids = encode_tags(tags, label2id)
+        row, prev = [], None
+        for w in word_ids:
+            if w is None:
+                row.append(IGNORE_INDEX)
+            elif w != prev:
+                row.append(ids[w])
+            elif label_all_subtokens:
+                inside = "I-" + tags[w][2:] if tags[w].startswith("B-") else tags[w]
+                row.append(label2id.get(inside, ids[w]))
+            else:
+                row.append(IGNORE_INDEX)
+            prev = w
+        out["labels"].append(row)
+    return out
+
+
+def predictions_to_tags(predictions: Sequence[Any], word_ids: Sequence[Sequence[int | None]],
+                        id2label: Sequence[str] | Mapping[int, str],
+                        num_words: Sequence[int] | None = None) -> list[list[str]]:
+    """One tag per word from token-level logits ([tokens, labels]) or label ids ([tokens]) per feature.
+
+    Each word takes its first sub-token's prediction. `predictions[i]` may be longer than the feature
+    (padding at the end of a batch is ignored). Words with no token in the feature (cut by truncation)
+    are tagged O; pass `num_words` (e.g. the length of each example's gold tags) to include them.
+    """
+    out = []
+    for i, ids in enumerate(word_ids):
+        row = predictions[i]
+        if hasattr(row, "detach"):  # a torch tensor (any dtype, any device)
+            row = row.detach().float().cpu().numpy()
+        row = np.asarray(row)
+        if row.ndim == 2:
+            row = row.argmax(-1)
+        n = num_words[i] if num_words is not None else 1 + max((w for w in ids if w is not None), default=-1)
+        tags = ["O"] * n
+        prev = None
+        for j, w in enumerate(ids[: len(row)]):
+            if w is not None and w != prev:
+                tags[w] = id2label[int(row[j])]
+            prev = w
+        out.append(tags)
+    return out
+
+
+def _parse(tag: str, scheme: str) -> tuple[str, str]:
+    if tag == "O":
+        return "O", ""
+    prefix, _, kind = tag.partition("-")
+    if prefix not in ("B", "I") or not kind:
+        raise ValueError(f"tag {tag!r} is not valid in {scheme}: use O, B-<type> or I-<type>")
+    return prefix, kind
+
+
+def entities(tags: Sequence[str], scheme: str = "IOB2", mode: str = "default") -> list[tuple[str, int, int]]:
+    """The (type, start, end) chunks of one tag sequence, end exclusive.
+
+    default (conlleval, seqeval's default mode; the same for IOB1 and IOB2): a chunk starts at B-X, or
+    at I-X after O or after a tag of another type; it ends before any tag that is not I- of its type.
+    strict (seqeval's mode="strict"): only chunks well-formed in the scheme count. IOB2: B-X I-X*, a
+    chunk opened by I-X is dropped. IOB1: I-X opens a chunk after O, B-, or I- of another type; B-X only
+    right after a chunk of type X. Ill-formed sequences are read exactly as seqeval 1.2 reads them.
+    """
+    if scheme not in SCHEMES:
+        raise ValueError(f"scheme={scheme!r}: use one of {SCHEMES}")
+    seq = [_parse(t, scheme) for t in tags] + [("O", "")]
+    chunks: list[tuple[str, int, int]] = []
+    if mode == "default":
+        start, prev_kind = None, ""
+        for i, (prefix, kind) in enumerate(seq):
+            if start is not None and (prefix != "I" or kind != prev_kind):
+                chunks.append((prev_kind, start, i))
+                start = None
+            if prefix == "B" or (prefix == "I" and start is None):
+                start = i
+            prev_kind = kind
+        return chunks
+    if mode != "strict":
+        raise ValueError(f"mode={mode!r}: use 'default' (conlleval) or 'strict'")
+
+    def starts(prev, cur):
+        if scheme == "IOB2":
+            return cur[0] == "B"
+        if cur[0] == "I":
+            return prev[0] in ("O", "B") or prev[1] != cur[1]
+        return cur[0] == "B" and prev[0] != "O" and prev[1] == cur[1]
+
+    def inside(prev, cur):
+        return cur[0] == "I" and prev[0] != "O" and prev[1] == cur[1]
+
+    i, prev = 0, ("O", "")
+    while i < len(seq):
+        if starts(prev, seq[i]):
+            end = i + 1
+            while inside(seq[end - 1], seq[end]):
+                end += 1
+            last, after = seq[end - 1], seq[end]
+            # seqeval's IOB1 end patterns leave out a lone B-X followed by B-Y of another type
+            if not (scheme == "IOB1" and last[0] == after[0] == "B" and last[1] != after[1]):
+                chunks.append((seq[i][1], i, end))
+            i = end
+        else:
+            i += 1
+        prev = seq[i - 1]
+    return chunks
+
+
+def _prf(correct: int, predicted: int, gold: int) -> tuple[float, float, float]:
+    p = 100.0 * correct / predicted if predicted else 0.0
+    r = 100.0 * correct / gold if gold else 0.0
+    return p, r, (2 * p * r / (p + r) if p + r else 0.0)
+
+
+class Seqeval(evaluate.Metric):
+    """Entity-level precision, recall and F1 (micro over all entities, and per type) and token accuracy,
+    in percent as conlleval prints them. compute(predictions, references, scheme="IOB2", mode="default"):
+    one list of tags per sentence each; `mode="strict"` is seqeval's strict mode for the scheme.
+    Keys: precision, recall, f1, accuracy, and <TYPE>/precision, /recall, /f1, /number (gold count)."""
+
+    def _info(self) -> evaluate.MetricInfo:
+        tags = datasets.List(datasets.Value("string"))
+        return evaluate.MetricInfo(
+            description=self.__doc__ or "", citation="",
+            inputs_description="predictions and references: one list of IOB tags per sentence",
+            features=datasets.Features({"predictions": tags, "references": tags}),
+        )
+
+    def _compute(self, predictions, references, scheme: str = "IOB2", mode: str = "default"):
+        gold: set[tuple] = set()
+        pred: set[tuple] = set()
+        right = total = 0
+        for i, (p, g) in enumerate(zip(predictions, references, strict=True)):
+            if len(p) != len(g):
+                raise ValueError(f"sentence {i}: {len(p)} predicted tags for {len(g)} reference tags")
+            gold.update((i, *c) for c in entities(g, scheme, mode))
+            pred.update((i, *c) for c in entities(p, scheme, mode))
+            right += sum(a == b for a, b in zip(p, g, strict=True))
+            total += len(g)
+        correct = gold & pred
+        p, r, f = _prf(len(correct), len(pred), len(gold))
+        out: dict[str, float] = {"precision": p, "recall": r, "f1": f,
+                                 "accuracy": 100.0 * right / total if total else 0.0}
+        n_gold, n_pred, n_correct = (Counter(c[1] for c in s) for s in (gold, pred, correct))
+        for kind in sorted(n_gold | n_pred):
+            p, r, f = _prf(n_correct[kind], n_pred[kind], n_gold[kind])
+            out.update({f"{kind}/precision": p, f"{kind}/recall": r, f"{kind}/f1": f,
+                        f"{kind}/number": n_gold[kind]})
+        return out

@@ -1,0 +1,239 @@
+"""Extractive QA (SQuAD v1.1/v2.0): JSON → overlapping windows → span logits → answer text → EM/F1.
+
+A context longer than the model's window is split into features that overlap by `doc_stride` tokens, as
+Hugging Face's run_qa.py does, so one example has several features; evaluation therefore keeps, per
+feature, the example id and the character offsets of its context tokens, and `postprocess` searches the
+best span over all windows of an example and cuts the answer out of the original context (never out of
+detokenized ids, which would lose case and spacing). `Squad` scores with the official evaluation
+script's normalisation; `evaluate.load("squad")` needs the Hub.
+
+Tokenizers that pad on the left put the context first (truncation="only_first", as run_qa.py does) and
+get features padded to `max_length` here, so positions are final and a collator adds nothing before them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import string
+from collections import Counter, defaultdict
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import datasets
+import evaluate
+import numpy as np
+from transformers import BatchEncoding, PreTrainedTokenizerBase
+
+ANSWERS = {"text": datasets.List(datasets.Value("string")), "answer_start": datasets.List(datasets.Value("int32"))}
+FEATURES = datasets.Features({
+    "id": datasets.Value("string"), "title": datasets.Value("string"), "context": datasets.Value("string"),
+    "question": datasets.Value("string"), "answers": ANSWERS,
+})
+
+
+def read_squad(path: str | Path) -> datasets.Dataset:
+    """One row per question; v2.0 unanswerable questions (`is_impossible`) get empty answer lists."""
+    rows = []
+    try:
+        with open(path, encoding="utf-8") as f:
+            articles = json.load(f)["data"]
+        for article in articles:
+            for paragraph in article["paragraphs"]:
+                for qa in paragraph["qas"]:
+                    answers = [] if qa.get("is_impossible", False) else qa["answers"]
+                    rows.append({
+                        "id": qa["id"], "title": article.get("title", ""), "context": paragraph["context"],
+                        "question": qa["question"],
+                        "answers": {"text": [a["text"] for a in answers],
+                                    "answer_start": [a["answer_start"] for a in answers]},
+                    })
+    except (KeyError, TypeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: not SQuAD JSON ({{'data': [{{'paragraphs': [{{'qas': ...}}]}}]}}): "
+                         f"{type(exc).__name__} {exc}") from exc
+    return datasets.Dataset.from_list(rows, features=FEATURES)
+
+
+def _tokenize(batch: Mapping[str, list], tokenizer: PreTrainedTokenizerBase, max_length: int,
+              doc_stride: int) -> tuple[BatchEncoding, int]:
+    """The windows of a batch, and the sequence id (0 or 1) of the context in them."""
+    right = tokenizer.padding_side == "right"
+    questions = [q.lstrip() for q in batch["question"]]  # some SQuAD questions start with spaces
+    pair = (questions, batch["context"]) if right else (batch["context"], questions)
+    enc = tokenizer(*pair, truncation="only_second" if right else "only_first", max_length=max_length,
+                    stride=doc_stride, return_overflowing_tokens=True, return_offsets_mapping=True,
+                    padding=False if right else "max_length")
+    return enc, 1 if right else 0
+
+
+def _cls_index(input_ids: list[int], tokenizer: PreTrainedTokenizerBase) -> int:
+    """Where "no answer" points: the CLS token (BOS for models without one), as run_qa.py does."""
+    for special in (tokenizer.cls_token_id, tokenizer.bos_token_id):
+        if special is not None and special in input_ids:
+            return input_ids.index(special)
+    return 0
+
+
+def prepare_train_features(batch: Mapping[str, list], tokenizer: PreTrainedTokenizerBase, max_length: int,
+                           doc_stride: int) -> dict[str, list]:
+    """For `Dataset.map(batched=True, remove_columns=<all>)`: one row per window, with the first gold
+    answer's token `start_positions`/`end_positions`, or the CLS index when the window does not hold all
+    of it (and for unanswerable questions)."""
+    enc, ctx = _tokenize(batch, tokenizer, max_length, doc_stride)
+    sample = enc.pop("overflow_to_sample_mapping")
+    all_offsets = enc.pop("offset_mapping")
+    out = dict(enc)
+    out["start_positions"], out["end_positions"] = [], []
+    for i, offsets in enumerate(all_offsets):
+        cls = _cls_index(enc["input_ids"][i], tokenizer)
+        answers = batch["answers"][sample[i]]
+        seq = enc.sequence_ids(i)
+        first = seq.index(ctx)
+        last = len(seq) - 1 - seq[::-1].index(ctx)
+        start = end = cls
+        if answers["answer_start"]:
+            start_char = answers["answer_start"][0]
+            end_char = start_char + len(answers["text"][0])
+            if offsets[first][0] <= start_char and offsets[last][1] >= end_char:
+                start, end = first, last
+                while start < last and offsets[start + 1][0] <= start_char:
+                    start += 1
+                while end > first and offsets[end - 1][1] >= end_char:
+                    end -= 1
+        out["start_positions"].append(start)
+        out["end_positions"].append(end)
+    return out
+
+
+def prepare_eval_features(batch: Mapping[str, list], tokenizer: PreTrainedTokenizerBase, max_length: int,
+                          doc_stride: int) -> dict[str, list]:
+    """For `Dataset.map(batched=True, remove_columns=<all>)`: one row per window with `example_id`,
+    `offset_mapping` ((start, end) characters for context tokens, None elsewhere) and `cls_index`."""
+    enc, ctx = _tokenize(batch, tokenizer, max_length, doc_stride)
+    sample = enc.pop("overflow_to_sample_mapping")
+    out = dict(enc)
+    out["example_id"] = [batch["id"][s] for s in sample]
+    out["offset_mapping"] = [
+        [o if s == ctx else None for o, s in zip(offsets, enc.sequence_ids(i), strict=True)]
+        for i, offsets in enumerate(enc["offset_mapping"])
+    ]
+    out["cls_index"] = [_cls_index(ids, tokenizer) for ids in enc["input_ids"]]
+    return out
+
+
+def postprocess(examples: datasets.Dataset, features: datasets.Dataset, start_logits: Sequence[Any],
+                end_logits: Sequence[Any], n_best: int = 20, max_answer_length: int = 30,
+                version_2: bool = False, null_threshold: float = 0.0) -> dict[str, str]:
+    """Answer text per example id from per-feature logits (row i belongs to `features[i]`; rows may be
+    longer than the feature, the padding is ignored).
+
+    Over all windows of an example: the `n_best` start and end tokens inside the context, spans with
+    start <= end and at most `max_answer_length` tokens, best start + end logit wins. With `version_2`,
+    the answer is "" when the null score (the CLS logits, the lowest over the windows) exceeds the best
+    span's score by more than `null_threshold`. An example with no valid span gets "".
+    """
+    wanted = [c for c in ("example_id", "offset_mapping", "cls_index") if c in features.column_names]
+    columns = features.select_columns(wanted).with_format(None)[:]  # one read, not row by row
+    all_offsets = columns["offset_mapping"]
+    cls_index = columns.get("cls_index", [0] * len(all_offsets))
+    by_example: dict[str, list[int]] = defaultdict(list)
+    for i, example_id in enumerate(columns["example_id"]):
+        by_example[example_id].append(i)
+    answers = {}
+    examples = examples.select_columns(["id", "context"]).with_format(None)[:]
+    for example_id, context in zip(examples["id"], examples["context"], strict=True):
+        best_score, best_span, null_score = -np.inf, None, np.inf
+        for i in by_example[example_id]:
+            starts, ends = (np.asarray(x[i], dtype=np.float64) for x in (start_logits, end_logits))
+            offsets = all_offsets[i]
+            null_score = min(null_score, starts[cls_index[i]] + ends[cls_index[i]])
+            in_context = np.array([o is not None for o in offsets[: len(starts)]])
+            candidates = np.flatnonzero(in_context)
+            if not len(candidates):
+                continue
+            top_s = candidates[np.argsort(-starts[candidates], kind="stable")[:n_best]]
+            top_e = candidates[np.argsort(-ends[candidates], kind="stable")[:n_best]]
+            length = top_e[None, :] - top_s[:, None] + 1
+            scores = np.where((length >= 1) & (length <= max_answer_length),
+                              starts[top_s][:, None] + ends[top_e][None, :], -np.inf)
+            s, e = np.unravel_index(np.argmax(scores), scores.shape)
+            if scores[s, e] > best_score:
+                best_score, best_span = scores[s, e], (offsets[top_s[s]][0], offsets[top_e[e]][1])
+        text = context[best_span[0]: best_span[1]] if best_span is not None else ""
+        if version_2 and (best_span is None or null_score - best_score > null_threshold):
+            text = ""
+        answers[example_id] = text
+    return answers
+
+
+def normalize_answer(s: str) -> str:
+    """The official SQuAD normalisation: lowercase, drop punctuation, drop articles, collapse spaces."""
+    s = "".join(ch for ch in s.lower() if ch not in set(string.punctuation))
+    s = re.sub(r"\b(a|an|the)\b", " ", s)
+    return " ".join(s.split())
+
+
+def _f1(prediction: str, gold: str, version_2: bool) -> float:
+    pred_tokens, gold_tokens = normalize_answer(prediction).split(), normalize_answer(gold).split()
+    if version_2 and (not pred_tokens or not gold_tokens):  # v2.0 script: "" vs "" is a match
+        return float(pred_tokens == gold_tokens)
+    same = sum((Counter(pred_tokens) & Counter(gold_tokens)).values())
+    if same == 0:
+        return 0.0
+    precision, recall = same / len(pred_tokens), same / len(gold_tokens)
+    return 2 * precision * recall / (precision + recall)
+
+
+class Squad(evaluate.Metric):
+    """SQuAD v1.1 exact match and F1 in percent, each the max over the gold answers, as the official
+    script computes them. compute(predictions=[{"id", "prediction_text"}], references=[{"id", "answers":
+    {"text", "answer_start"}}]); a reference without a prediction scores 0."""
+
+    version_2 = False
+
+    def _info(self) -> evaluate.MetricInfo:
+        return evaluate.MetricInfo(
+            description=self.__doc__ or "", citation="",
+            inputs_description="predictions {id, prediction_text}; references {id, answers}",
+            features=datasets.Features({
+                "predictions": {"id": datasets.Value("string"), "prediction_text": datasets.Value("string")},
+                "references": {"id": datasets.Value("string"), "answers": ANSWERS},
+            }),
+        )
+
+    def _compute(self, predictions, references) -> dict[str, float]:
+        predicted = {p["id"]: p["prediction_text"] for p in predictions}
+        groups: dict[str, list[tuple[float, float]]] = defaultdict(list)
+        for ref in references:
+            golds = [t for t in ref["answers"]["text"] if normalize_answer(t)] if self.version_2 \
+                else list(ref["answers"]["text"])
+            group = "HasAns" if golds else "NoAns"
+            golds = golds or [""]
+            pred = predicted.get(ref["id"])
+            if pred is None:
+                groups[group].append((0.0, 0.0))
+                continue
+            em = max(float(normalize_answer(pred) == normalize_answer(g)) for g in golds)
+            f1 = max(_f1(pred, g, self.version_2) for g in golds)
+            groups[group].append((em, f1))
+
+        def score(rows: list[tuple[float, float]]) -> tuple[float, float]:
+            em, f1 = np.mean(rows, axis=0) * 100.0 if rows else (0.0, 0.0)
+            return float(em), float(f1)
+
+        everything = [row for rows in groups.values() for row in rows]
+        out = dict(zip(("exact_match", "f1"), score(everything), strict=True))
+        if self.version_2:
+            out["total"] = len(everything)
+            for group, rows in sorted(groups.items()):
+                out.update(zip((f"{group}_exact_match", f"{group}_f1", f"{group}_total"),
+                               (*score(rows), len(rows)), strict=True))
+        return out
+
+
+class SquadV2(Squad):
+    """SQuAD v2.0: as Squad, with the v2.0 script's rules (an empty prediction matches an unanswerable
+    question, and only it) and HasAns_*/NoAns_* scores for the groups present; `total` counts questions."""
+
+    version_2 = True
