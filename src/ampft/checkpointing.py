@@ -1,7 +1,8 @@
 """Save, verify, find, rotate, resume and export.
 
 A checkpoint is `accelerator.save_state` (model, optimizer, scheduler, loss scaler, RNG states of every
-rank, and the registered training state) plus the resolved `config.yaml`, written into
+rank, and the registered training state) plus the resolved `config.yaml` and the model's `config.json`,
+written into
 `checkpoints/step_<N>.tmp` and renamed to `checkpoints/step_<N>` only once complete, with a
 `manifest.json` (step, epoch, loss, metric, config hash, every file and its size) written last. A crash
 during a save therefore never leaves a half-written `step_<N>`: `latest` takes the newest checkpoint that
@@ -87,7 +88,7 @@ def manifest(path: Path) -> dict[str, Any]:
 
 
 def save(accelerator: Accelerator, run_dir: Path, step: int, info: dict[str, Any], config: dict[str, Any],
-         keep_last: int, keep_best: int = 0, mode: str = "max") -> Path:
+         model_config, keep_last: int, keep_best: int = 0, mode: str = "max") -> Path:
     """Write a checkpoint atomically, then rotate: keep the last `keep_last` and the best `keep_best`."""
     final = Path(run_dir) / "checkpoints" / f"step_{step}"
     tmp = final.with_name(final.name + ".tmp")
@@ -98,6 +99,7 @@ def save(accelerator: Accelerator, run_dir: Path, step: int, info: dict[str, Any
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         (tmp / "config.yaml").write_text(OmegaConf.to_yaml(config))
+        model_config.to_json_file(tmp / "config.json")  # the architecture, to evaluate this checkpoint alone
         files = {str(p.relative_to(tmp)): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()}
         body = {"step": step, **info, "config_hash": config_hash(config), "created": time.time(), "files": files}
         (tmp / MANIFEST).write_text(json.dumps(body, indent=2))  # written last: its presence means complete

@@ -288,8 +288,8 @@ def _checkpoint(loop: Loop, meters: Meters, guard: Guard) -> None:
         name = ck.metric or loop.cfg.task.main_metric
         metric = {"name": name, "value": st.eval_results[name]}
     info = dict(epoch=st.epoch, batch_in_epoch=st.batch_in_epoch, loss=st.last_loss, metric=metric)
-    checkpointing.save(loop.accelerator, loop.run_dir, st.step, info, to_plain(loop.cfg), ck.keep_last,
-                       ck.keep_best, ck.mode.value)
+    checkpointing.save(loop.accelerator, loop.run_dir, st.step, info, to_plain(loop.cfg),
+                       loop.accelerator.unwrap_model(loop.model).config, ck.keep_last, ck.keep_best, ck.mode.value)
     meters.restart()
 
 

@@ -96,6 +96,8 @@ def build(cfg: DictConfig, run_dir: Path) -> tuple[Loop, PreTrainedTokenizerBase
              accelerator.num_processes)
 
     tokenizer = load_tokenizer(cfg.model)
+    if accelerator.is_main_process:  # checkpoints of this run can then be evaluated on their own
+        tokenizer.save_pretrained(run_dir / "tokenizer")
     data = prepare_data(cfg, tokenizer, accelerator.main_process_first)
     model = build_model(cfg.model, tokenizer, data.labels)
     optimizer = build_optimizer(model, cfg.optim, accelerator.device)

@@ -9,7 +9,10 @@ from omegaconf.errors import ConfigKeyError, ValidationError
 from ampft.config import ConfigError, validate
 from tests.conftest import CONF
 
-GROUP_FILES = sorted(p for p in CONF.rglob("*.yaml") if p.parent != CONF)
+# The finetune recipe's groups; conf/evaluate and conf/benchmark belong to the other recipes.
+OTHER_RECIPES = ("evaluate", "benchmark")
+GROUP_FILES = sorted(p for p in CONF.rglob("*.yaml")
+                     if p.parent != CONF and p.relative_to(CONF).parts[0] not in OTHER_RECIPES)
 
 
 def _override(path) -> str:

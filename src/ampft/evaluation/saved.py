@@ -1,0 +1,88 @@
+"""Evaluate a saved run (its exported model) or one of its checkpoints, on a split of the run's task or on
+another local file, with the same data and metrics code as training. Results go into the run directory."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from accelerate import Accelerator
+from omegaconf import DictConfig, OmegaConf
+from safetensors.torch import load_file
+from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+
+from ampft import checkpointing, precision
+from ampft.config import FinetuneConfig
+from ampft.data import build_dataloaders, prepare_data
+from ampft.evaluation import evaluate_model
+
+log = logging.getLogger(__name__)
+
+
+class EvaluationError(ValueError):
+    pass
+
+
+def _source(e: DictConfig) -> tuple[Path, Path, str]:
+    """(run dir, folder with the weights, kind) from `run=` or `checkpoint=`."""
+    if (e.run is None) == (e.checkpoint is None):
+        raise EvaluationError("give exactly one of run=RUN_DIR (its exported model) or checkpoint=PATH")
+    if e.checkpoint is not None:
+        ckpt = Path(e.checkpoint)
+        if problems := (checkpointing.verify(ckpt) if ckpt.is_dir() else ["no such folder"]):
+            raise EvaluationError(f"checkpoint={ckpt} cannot be evaluated: {'; '.join(problems)}")
+        return ckpt.parent.parent, ckpt, "checkpoint"
+    run = Path(e.run)
+    if not (run / "model" / "config.json").is_file():
+        raise EvaluationError(f"run={run}: no exported model in {run / 'model'} (was checkpoint.export=false? "
+                              "use checkpoint=RUN_DIR/checkpoints/step_N)")
+    return run, run / "model", "run"
+
+
+def evaluate_saved(e: DictConfig) -> dict[str, Any]:
+    run_dir, weights, kind = _source(e)
+    cfg_path = (weights if kind == "checkpoint" else run_dir) / "config.yaml"
+    cfg = OmegaConf.merge(OmegaConf.structured(FinetuneConfig), OmegaConf.load(cfg_path))
+    model_config = AutoConfig.from_pretrained(weights)
+    labels = None if model_config.problem_type == "regression" else [
+        model_config.id2label[i] for i in range(model_config.num_labels)]
+    task = cfg.task
+    task.labels = labels  # the ids the model was trained with, whatever the file's label order
+    if e.file is not None:  # all of it; the run's sample limits apply to the run's own splits only
+        task.train_file = task.validation_file = e.file
+        task.max_train_samples = task.max_eval_samples = None
+    if e.split not in ("train", "validation"):
+        raise EvaluationError(f"split={e.split}: use split=validation or split=train (or file=PATH)")
+    if e.precision is not None:
+        cfg.precision.name = e.precision
+    cfg.trainer.eval_batch_size = e.batch_size
+
+    accelerator = Accelerator(**precision.accelerator_kwargs(cfg.precision), cpu=cfg.trainer.cpu)
+    ran = precision.setup(accelerator, cfg.precision)
+    tokenizer = AutoTokenizer.from_pretrained(weights if kind == "run" else run_dir / "tokenizer")
+    data = prepare_data(cfg, tokenizer, accelerator.main_process_first)
+    if e.split == "train" and e.file is None:
+        data = dataclasses.replace(data, validation=data.train)
+    if kind == "run":
+        model = AutoModelForSequenceClassification.from_pretrained(weights)
+    else:
+        model = AutoModelForSequenceClassification.from_config(model_config)
+        model.load_state_dict(load_file(weights / "model.safetensors"), strict=False)
+    _, eval_dl = build_dataloaders(cfg, data, tokenizer, pin_memory=accelerator.device.type == "cuda")
+    model, eval_dl = accelerator.prepare(model, eval_dl)
+    started = time.perf_counter()
+    results = evaluate_model(accelerator, model, eval_dl, list(task.metrics), None if labels is None else len(labels))
+    name = e.name or (Path(e.file).stem if e.file else e.split)
+    out = dict(source=str(weights), kind=kind, data=e.file or f"{task.name}:{e.split}", precision=ran,
+               metrics={k: v for k, v in results.items() if k != "samples"}, samples=results["samples"],
+               seconds=time.perf_counter() - started)
+    if accelerator.is_main_process:
+        path = run_dir / f"eval_{name}.json"
+        path.write_text(json.dumps(out, indent=2) + "\n")
+        log.info("evaluation of %s on %s: %s -> %s", weights, out["data"], out["metrics"], path)
+        out["path"] = str(path)
+    return out
