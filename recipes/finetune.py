@@ -5,6 +5,8 @@
     python recipes/finetune.py -m precision=fp32,bf16            # one run directory per job
 """
 
+import logging
+import os
 import sys
 import time
 
@@ -19,6 +21,8 @@ STARTED = time.perf_counter()
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="finetune")
 def main(cfg: DictConfig) -> float:
+    if int(os.environ.get("RANK", "0")) != 0:  # only rank 0 reports; the others speak up on problems
+        logging.getLogger().setLevel(logging.WARNING)
     from ampft.checkpointing import CheckpointError
     from ampft.config import ConfigError
     from ampft.data import DataError

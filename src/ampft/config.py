@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from datetime import datetime
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -27,8 +28,20 @@ class Precision(str, Enum):
 
 
 class TaskFamily(str, Enum):
-    classification = "classification"
-    regression = "regression"
+    classification = "classification"  # sequence (or sentence-pair) classification
+    regression = "regression"  # sequence regression (one output), e.g. STS-B
+    token_classification = "token_classification"  # NER: one tag per word (CoNLL files or Hub)
+    question_answering = "question_answering"  # extractive QA: SQuAD v1.1 / v2.0 style
+
+
+class TagScheme(str, Enum):
+    IOB1 = "IOB1"
+    IOB2 = "IOB2"
+
+
+class SeqevalMode(str, Enum):
+    default = "default"  # conlleval's chunking (the same for IOB1 and IOB2)
+    strict = "strict"  # seqeval's mode="strict": only chunks well-formed in task.tag_scheme count
 
 
 class AttnImplementation(str, Enum):
@@ -96,7 +109,24 @@ class TaskConfig:
     main_metric: str = "accuracy"
     max_length: int = 128
     max_train_samples: int | None = None
-    max_eval_samples: int | None = None
+    max_eval_samples: int | None = None  # per validation split (examples, not QA windows)
+    # More validation sets, evaluated after the main one, results prefixed `<name>/` (e.g. MNLI
+    # mismatched): Hub split names, or local files (named by their stem) when train_file is given.
+    extra_validation_splits: list[str] = field(default_factory=list)
+
+    # token_classification. CoNLL files: whitespace-separated fields, token and tag by field index.
+    token_column: int = 0
+    tag_column: int = -1
+    label_all_subtokens: bool = False  # false: first sub-token of a word labelled, the rest ignored
+    tag_scheme: TagScheme = TagScheme.IOB2
+    seqeval_mode: SeqevalMode = SeqevalMode.default
+
+    # question_answering: windows of max_length tokens overlapping by doc_stride; span search.
+    doc_stride: int = 128
+    max_answer_length: int = 30  # tokens
+    n_best: int = 20  # start and end candidates per window
+    version_2: bool = False  # SQuAD v2.0: unanswerable questions, no-answer if null score wins
+    null_threshold: float = 0.0  # v2: answer "" when null score - best span score > this
 
 
 @dataclass
@@ -114,9 +144,35 @@ class PrecisionConfig:
     max_consecutive_nonfinite: int = 10
 
 
+class Backend(str, Enum):
+    single = "single"  # one process (CPU or one GPU)
+    ddp = "ddp"  # Accelerate multi-process data parallel (MULTI_GPU, or MULTI_CPU with gloo)
+    deepspeed = "deepspeed"
+    fsdp = "fsdp"
+
+
 @dataclass
 class DistributedConfig:
     name: str = "single"
+    backend: Backend = Backend.single
+    # Launch (read by `python -m ampft.launch`, i.e. `make finetune`): processes per machine, machines.
+    num_processes: int = 1
+    num_machines: int = 1
+    machine_rank: int = 0
+    main_process_ip: str | None = None
+    main_process_port: int = 29500
+    accelerate_config: str | None = None  # conf/accelerate/<file> for `accelerate launch`
+    # DeepSpeed ZeRO (backend=deepspeed); its fp16/bf16 section comes from the precision group.
+    zero_stage: int = 2
+    offload_optimizer: bool = False
+    offload_param: bool = False
+    reduce_bucket_size: int = 500_000_000
+    allgather_bucket_size: int = 500_000_000
+    stage3_prefetch_bucket_size: int = 50_000_000
+    stage3_param_persistence_threshold: int = 100_000
+    # FSDP2 (backend=fsdp).
+    fsdp_reshard_after_forward: bool = True
+    fsdp_cpu_offload: bool = False
 
 
 @dataclass
@@ -187,8 +243,29 @@ class FinetuneConfig:
     cache_dir: str = "${oc.env:AMPFT_CACHE,${oc.env:HOME,.}/.cache/ampft}"
 
 
+def run_stamp() -> str:
+    """The run directory's timestamp, the same in every rank that one launcher started.
+
+    `accelerate launch recipes/finetune.py` typed by hand starts every rank's Hydra on its own; a plain
+    `${now:}` would give each rank its own run directory. All ranks of a machine share the launcher
+    process (their parent), so its start time names the run. (`make finetune` passes hydra.run.dir.)
+    """
+    fmt = "%Y-%m-%d_%H-%M-%S"
+    if "LOCAL_RANK" in os.environ:
+        try:
+            start_ticks = int(Path(f"/proc/{os.getppid()}/stat").read_text().rsplit(")", 1)[1].split()[19])
+            boot = next(int(x.split()[1]) for x in Path("/proc/stat").read_text().splitlines()
+                        if x.startswith("btime"))
+            return datetime.fromtimestamp(boot + start_ticks / os.sysconf("SC_CLK_TCK")).strftime(fmt)
+        except (OSError, ValueError, IndexError, StopIteration):
+            pass
+    return datetime.now().strftime(fmt)
+
+
 def register_configs() -> None:
     ConfigStore.instance().store(name="finetune_schema", node=FinetuneConfig)
+    if not OmegaConf.has_resolver("ampft_stamp"):
+        OmegaConf.register_new_resolver("ampft_stamp", run_stamp, use_cache=True)
 
 
 register_configs()
@@ -204,7 +281,21 @@ class ConfigError(ValueError):
         )
 
 
-SUPPORTED_METRICS = {"accuracy", "f1", "mcc", "pearson", "spearman"}
+# The metrics each task family computes, and the result keys each metric produces: what task.main_metric
+# and checkpoint.metric may name. seqeval and squad scores are in percent, as their official scripts print.
+FAMILY_METRICS: dict[TaskFamily, dict[str, tuple[str, ...]]] = {
+    TaskFamily.classification: {"accuracy": ("accuracy",), "f1": ("f1",), "mcc": ("mcc",)},
+    TaskFamily.regression: {"pearson": ("pearson",), "spearman": ("spearman",)},
+    TaskFamily.token_classification: {"seqeval": ("f1", "precision", "recall", "accuracy")},
+    TaskFamily.question_answering: {"squad": ("exact_match", "f1"), "squad_v2": ("exact_match", "f1")},
+}
+SUPPORTED_METRICS = {m for metrics in FAMILY_METRICS.values() for m in metrics}
+
+
+def metric_keys(task: DictConfig) -> list[str]:
+    """The result keys that task.metrics produce (seqeval -> f1, precision, ...; accuracy -> accuracy)."""
+    table = FAMILY_METRICS[TaskFamily(task.family)]
+    return list(dict.fromkeys(k for m in task.metrics for k in table.get(m, (m,))))
 
 
 def validate(cfg: DictConfig) -> list[str]:
@@ -230,8 +321,9 @@ def validate(cfg: DictConfig) -> list[str]:
             f"checkpoint.every={ck.every}, checkpoint.keep_last={ck.keep_last}, checkpoint.keep_best="
             f"{ck.keep_best}: every must be >= 0, keep_last >= 1, keep_best >= 0"
         )
-    if ck.metric is not None and ck.metric != "loss" and ck.metric not in task.metrics:
-        problems.append(f"checkpoint.metric={ck.metric}: not one of task.metrics={list(task.metrics)} or loss")
+    if ck.metric is not None and ck.metric != "loss" and ck.metric not in metric_keys(task):
+        problems.append(f"checkpoint.metric={ck.metric}: not one of {metric_keys(task)} (from task.metrics="
+                        f"{list(task.metrics)}) or loss")
     if (ck.keep_best or ck.export_best) and not ck.every:
         problems.append("checkpoint.keep_best/export_best need periodic checkpoints: set checkpoint.every=N")
     if cfg.optim.lr <= 0:
@@ -239,44 +331,7 @@ def validate(cfg: DictConfig) -> list[str]:
     if not 0 <= cfg.scheduler.warmup_ratio < 1:
         problems.append(f"scheduler.warmup_ratio={cfg.scheduler.warmup_ratio}: must be in [0, 1)")
 
-    # Task: data source, columns, metrics.
-    has_files = task.train_file is not None or task.validation_file is not None
-    if not has_files and task.dataset is None and task.name != "demo":
-        problems.append(
-            f"task={task.name} has no data: set task.train_file=... and task.validation_file=... "
-            "(csv, tsv, json, jsonl or parquet), or task.dataset=<Hub dataset name>"
-        )
-    if has_files and (task.train_file is None or task.validation_file is None):
-        problems.append(
-            "task.train_file and task.validation_file go together: "
-            f"got train_file={task.train_file}, validation_file={task.validation_file}"
-        )
-    for key in ("train_file", "validation_file"):
-        path = task[key]
-        if path is not None and not Path(path).is_file():
-            problems.append(f"task.{key}={path}: no such file")
-        if path is not None:
-            from ampft.data.load import file_format
-
-            try:
-                file_format(path)
-            except ValueError as exc:
-                problems.append(f"task.{key}: {exc}")
-    if not 1 <= len(task.text_fields) <= 2:
-        problems.append(
-            f"task.text_fields={list(task.text_fields)}: give one column (single sentence) or two (pair)"
-        )
-    unknown = [m for m in task.metrics if m not in SUPPORTED_METRICS]
-    if unknown:
-        problems.append(f"task.metrics has {unknown}: supported are {sorted(SUPPORTED_METRICS)}")
-    if task.main_metric not in task.metrics:
-        problems.append(f"task.main_metric={task.main_metric} is not one of task.metrics={list(task.metrics)}")
-    if task.family == TaskFamily.regression and task.labels is not None:
-        problems.append("task.labels is set for a regression task: remove it (regression has one output)")
-    if task.family == TaskFamily.classification and any(m in ("pearson", "spearman") for m in task.metrics):
-        problems.append("pearson/spearman are regression metrics: use task.family=regression")
-    if task.max_length < 8:
-        problems.append(f"task.max_length={task.max_length}: must be >= 8")
+    problems.extend(_task_problems(task, cfg.model))
 
     # Model.
     m = cfg.model
@@ -291,11 +346,118 @@ def validate(cfg: DictConfig) -> list[str]:
     if resume not in (None, "latest") and not Path(resume).is_dir():
         problems.append(f"checkpoint.resume={resume}: no such checkpoint folder (or use checkpoint.resume=latest)")
 
+    d = cfg.distributed
+    if d.num_processes < 1 or d.num_machines < 1 or not 0 <= d.machine_rank < d.num_machines:
+        problems.append(
+            f"distributed.num_processes={d.num_processes}, num_machines={d.num_machines}, machine_rank="
+            f"{d.machine_rank}: need num_processes >= 1, num_machines >= 1, 0 <= machine_rank < num_machines"
+        )
+    if d.backend == Backend.deepspeed and d.zero_stage not in (0, 1, 2, 3):
+        problems.append(f"distributed.zero_stage={d.zero_stage}: DeepSpeed ZeRO stages are 0, 1, 2, 3")
+    if d.offload_param and d.zero_stage != 3:
+        problems.append("distributed.offload_param=true needs distributed.zero_stage=3 (use distributed=deepspeed-z3-offload)")
+    if d.num_machines > 1 and d.main_process_ip is None:
+        problems.append("distributed.num_machines > 1 needs distributed.main_process_ip=<address of machine 0>")
+
     errors, warnings = precision.preflight(cfg)
     problems.extend(errors)
     if problems:
         raise ConfigError(problems)
     return warnings
+
+
+def _task_problems(task: DictConfig, m: DictConfig) -> list[str]:
+    """Data source, files, columns, metrics and the family's own keys of the task group."""
+    from ampft.tasks import family_for  # each family knows its file formats
+
+    problems: list[str] = []
+    family = TaskFamily(task.family)
+    reader = family_for(family)
+    has_files = task.train_file is not None or task.validation_file is not None
+    if not has_files and task.dataset is None and task.name != "demo":
+        problems.append(
+            f"task={task.name} has no data: set task.train_file=... and task.validation_file=... "
+            f"({reader.files}), or task.dataset=<Hub dataset name>"
+        )
+    if has_files and (task.train_file is None or task.validation_file is None):
+        problems.append(
+            "task.train_file and task.validation_file go together: "
+            f"got train_file={task.train_file}, validation_file={task.validation_file}"
+        )
+    files = [(key, task[key]) for key in ("train_file", "validation_file") if task[key] is not None]
+    if task.train_file is not None:  # local files: extra validation sets are files too
+        files += [(f"extra_validation_splits[{i}]", p) for i, p in enumerate(task.extra_validation_splits)]
+    for key, path in files:
+        if not Path(path).is_file():
+            problems.append(f"task.{key}={path}: no such file")
+        try:
+            reader.check_file(path)
+        except ValueError as exc:
+            problems.append(f"task.{key}: {exc}")
+    from ampft.data.load import extra_split_names
+
+    names = extra_split_names(task)
+    if len(set(names)) != len(names) or {"train", "validation"} & set(names):
+        problems.append(f"task.extra_validation_splits={list(task.extra_validation_splits)}: names {names} must be "
+                        "unique and not train/validation (files are named by their stem)")
+
+    fields = {TaskFamily.token_classification: (1, "one column: the words of each sentence (a list)"),
+              TaskFamily.question_answering: (2, "two columns: [question, context]")}
+    if family in fields and len(task.text_fields) != fields[family][0]:
+        problems.append(f"task.text_fields={list(task.text_fields)}: task.family={family.value} needs "
+                        f"{fields[family][1]}")
+    elif not 1 <= len(task.text_fields) <= 2:
+        problems.append(
+            f"task.text_fields={list(task.text_fields)}: give one column (single sentence) or two (pair)"
+        )
+
+    # Metrics: known, computed by this family, and the main one among their results.
+    unknown = [x for x in task.metrics if x not in SUPPORTED_METRICS]
+    if unknown:
+        problems.append(f"task.metrics has {unknown}: supported are {sorted(SUPPORTED_METRICS)}")
+    foreign = [x for x in task.metrics if x in SUPPORTED_METRICS and x not in FAMILY_METRICS[family]]
+    if foreign:
+        owners = sorted({f.value for x in foreign for f, ms in FAMILY_METRICS.items() if x in ms})
+        problems.append(
+            f"task.metrics has {foreign}, which task.family={family.value} does not compute (it computes "
+            f"{sorted(FAMILY_METRICS[family])}); they belong to task.family={'/'.join(owners)}"
+        )
+    if not task.metrics:
+        problems.append(f"task.metrics is empty: use some of {sorted(FAMILY_METRICS[family])}")
+    if task.main_metric not in metric_keys(task):
+        problems.append(f"task.main_metric={task.main_metric} is not a result of task.metrics={list(task.metrics)}: "
+                        f"use one of {metric_keys(task)}")
+    if family == TaskFamily.regression and task.labels is not None:
+        problems.append("task.labels is set for a regression task: remove it (regression has one output)")
+    if task.max_length < 8:
+        problems.append(f"task.max_length={task.max_length}: must be >= 8")
+
+    if family == TaskFamily.question_answering:
+        if task.labels is not None:
+            problems.append("task.labels is set for question answering: remove it (answers are spans)")
+        if not 0 <= task.doc_stride <= task.max_length // 2:
+            problems.append(f"task.doc_stride={task.doc_stride}: must be in [0, task.max_length/2 = "
+                            f"{task.max_length // 2}] so windows advance (BERT's SQuAD setup: max_length=384, "
+                            "doc_stride=128)")
+        for key in ("max_answer_length", "n_best"):
+            if task[key] < 1:
+                problems.append(f"task.{key}={task[key]}: must be >= 1")
+        if task.version_2 and "squad" in task.metrics:
+            problems.append("task.version_2=true with task.metrics=[squad]: use task.metrics=[squad_v2] (no-answer "
+                            "questions are scored by the v2.0 rules)")
+        if not task.version_2 and "squad_v2" in task.metrics:
+            problems.append("task.metrics=[squad_v2] needs task.version_2=true (no-answer predictions)")
+
+    # The model must take task.max_length tokens (absolute position embeddings).
+    arch = m.arch
+    positions = arch.get("max_position_embeddings")
+    if positions is not None and arch.get("position_biased_input", True):
+        if arch.get("model_type") in ("roberta", "xlm-roberta", "camembert"):
+            positions -= 2  # positions start after the padding index
+        if task.max_length > positions:
+            problems.append(f"task.max_length={task.max_length}: model={m.name} has {positions} positions; use "
+                            f"task.max_length <= {positions}")
+    return problems
 
 
 def to_plain(cfg: DictConfig) -> dict[str, Any]:

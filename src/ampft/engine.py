@@ -81,7 +81,7 @@ class Meters:
 
     def count(self, batch: dict) -> None:
         self.tokens += batch["attention_mask"].sum()
-        self.samples += len(batch["labels"])
+        self.samples += batch["input_ids"].shape[0]  # QA batches have start/end positions, no labels
 
     def fold(self, st: TrainState) -> None:
         """Add what was counted and the time since the last fold or restart (one host sync)."""

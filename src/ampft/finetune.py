@@ -21,12 +21,11 @@ from accelerate.utils import DataLoaderConfiguration, set_seed
 from omegaconf import DictConfig, OmegaConf
 from transformers import PreTrainedTokenizerBase, get_scheduler
 
-from ampft import checkpointing, precision
-from ampft.config import LoggerName, OptimImplementation, flat, to_plain, validate
-from ampft.data import build_dataloaders, prepare_data
+from ampft import checkpointing, distributed, precision, tasks
+from ampft.config import LoggerName, OptimImplementation, TaskFamily, flat, to_plain, validate
+from ampft.data import build_dataloaders, eval_dataloader, prepare_data
 from ampft.engine import Loop, TrainingDiverged, TrainState, fit, weights_finite
-from ampft.evaluation import evaluate_model
-from ampft.models import build_model, load_tokenizer
+from ampft.models import MODEL_CLASSES, build_model, load_tokenizer
 from ampft.tracking import Tracker, format_summary, peak_memory_bytes, write_summary
 
 log = logging.getLogger(__name__)
@@ -49,6 +48,7 @@ def build_optimizer(model: torch.nn.Module, o: DictConfig, device: torch.device)
 def make_accelerator(cfg: DictConfig, run_dir: Path) -> Accelerator:
     return Accelerator(
         **precision.accelerator_kwargs(cfg.precision),
+        **distributed.accelerator_kwargs(cfg),
         gradient_accumulation_steps=cfg.trainer.grad_accum,
         cpu=cfg.trainer.cpu,
         log_with=None if cfg.logging.name == LoggerName.none else cfg.logging.name.value,
@@ -85,6 +85,7 @@ def build(cfg: DictConfig, run_dir: Path) -> tuple[Loop, PreTrainedTokenizerBase
         log.warning(warning)
     set_seed(cfg.trainer.seed)
     accelerator = make_accelerator(cfg, run_dir)
+    distributed.check_world(accelerator)
     ran_precision = precision.setup(accelerator, cfg.precision)
     resume = checkpointing.resolve_resume(run_dir, cfg.checkpoint.resume)  # before any heavy work
     if resume is not None:
@@ -96,13 +97,18 @@ def build(cfg: DictConfig, run_dir: Path) -> tuple[Loop, PreTrainedTokenizerBase
              accelerator.num_processes)
 
     tokenizer = load_tokenizer(cfg.model)
+    tokenizer = tasks.family_for(cfg.task.family).adapt_tokenizer(tokenizer)
     if accelerator.is_main_process:  # checkpoints of this run can then be evaluated on their own
         tokenizer.save_pretrained(run_dir / "tokenizer")
     data = prepare_data(cfg, tokenizer, accelerator.main_process_first)
-    model = build_model(cfg.model, tokenizer, data.labels)
+    model = build_model(cfg.model, tokenizer, data.labels, cfg.task.family)
     optimizer = build_optimizer(model, cfg.optim, accelerator.device)
-    train_dl, eval_dl = build_dataloaders(cfg, data, tokenizer, pin_memory=accelerator.device.type == "cuda")
-    model, optimizer, train_dl, eval_dl = accelerator.prepare(model, optimizer, train_dl, eval_dl)
+    pin = accelerator.device.type == "cuda"
+    train_dl, eval_dl = build_dataloaders(cfg, data, tokenizer, pin_memory=pin, model=model)
+    extra_dls = [eval_dataloader(cfg, data, ds, tokenizer, pin, model) for ds in data.extra.values()]
+    model, optimizer, train_dl, eval_dl, *extra_dls = accelerator.prepare(model, optimizer, train_dl, eval_dl,
+                                                                          *extra_dls)
+    eval_dls = dict(zip(["validation", *data.extra], [eval_dl, *extra_dls], strict=True))
 
     tr = cfg.trainer
     steps_per_epoch = math.ceil(len(train_dl) / tr.grad_accum)
@@ -121,12 +127,11 @@ def build(cfg: DictConfig, run_dir: Path) -> tuple[Loop, PreTrainedTokenizerBase
     elif cfg.checkpoint.resume == "latest":
         log.info("checkpoint.resume=latest: no checkpoint in %s yet, starting from scratch", run_dir)
 
-    num_labels = None if data.labels is None else len(data.labels)
     tracker = Tracker(accelerator, run_dir, cfg.logging.name.value, cfg.logging.project,
                       flat(to_plain(cfg)), max_steps, tr.progress_bar)
     loop = Loop(
         accelerator=accelerator, model=model, optimizer=optimizer, scheduler=scheduler, train_dl=train_dl,
-        evaluate=lambda: evaluate_model(accelerator, model, eval_dl, list(cfg.task.metrics), num_labels),
+        evaluate=lambda: tasks.evaluate(accelerator, model, data, eval_dls, cfg.task, run_dir),
         tracker=tracker, cfg=cfg, run_dir=run_dir, max_steps=max_steps, state=state,
     )
     log.info("training: %d optimizer steps (%d per epoch), batch %d x %d processes x %d accumulation",
@@ -142,6 +147,7 @@ def finish(loop: Loop, tokenizer: PreTrainedTokenizerBase, ran_precision: str, s
         run_dir=str(run_dir),
         model=cfg.model.name,
         task=cfg.task.name,
+        task_family=cfg.task.family.value,
         precision=ran_precision,
         precision_requested=cfg.precision.name.value,
         eval={k: v for k, v in state.eval_results.items() if k != "samples"},
@@ -211,9 +217,11 @@ def _command(run_dir: Path) -> str | None:
 
 def model_card(s: dict[str, Any]) -> str:
     metrics = "\n".join(f"| {k} | {v:.4f} |" for k, v in s["eval"].items())
+    family = TaskFamily(s.get("task_family", "classification"))
+    pipeline_tag, auto = tasks.family_for(family).pipeline_tag, MODEL_CLASSES[family].__name__
     return f"""---
 library_name: transformers
-pipeline_tag: text-classification
+pipeline_tag: {pipeline_tag}
 tags: [ampft]
 ---
 
@@ -239,8 +247,9 @@ Command:
 ```
 
 ```python
-from transformers import AutoModelForSequenceClassification, AutoTokenizer
-model = AutoModelForSequenceClassification.from_pretrained("path/to/this/folder")
+from transformers import {auto}, AutoTokenizer, pipeline
+model = {auto}.from_pretrained("path/to/this/folder")
 tokenizer = AutoTokenizer.from_pretrained("path/to/this/folder")
+predict = pipeline("{pipeline_tag}", model=model, tokenizer=tokenizer)
 ```
 """

@@ -17,14 +17,26 @@ from urllib.parse import urlparse
 from omegaconf import DictConfig, OmegaConf
 from transformers import (
     AutoConfig,
+    AutoModelForQuestionAnswering,
     AutoModelForSequenceClassification,
+    AutoModelForTokenClassification,
     AutoTokenizer,
     PretrainedConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
 
+from ampft.config import TaskFamily
+
 log = logging.getLogger(__name__)
+
+# The head each task family trains (and `make evaluate` reloads).
+MODEL_CLASSES = {
+    TaskFamily.classification: AutoModelForSequenceClassification,
+    TaskFamily.regression: AutoModelForSequenceClassification,
+    TaskFamily.token_classification: AutoModelForTokenClassification,
+    TaskFamily.question_answering: AutoModelForQuestionAnswering,
+}
 
 
 class ModelLoadError(RuntimeError):
@@ -95,10 +107,17 @@ def _model_config(m: DictConfig, tokenizer: PreTrainedTokenizerBase, **task_kwar
 
 
 def build_model(
-    m: DictConfig, tokenizer: PreTrainedTokenizerBase, labels: list[str] | None
+    m: DictConfig, tokenizer: PreTrainedTokenizerBase, labels: list[str] | None,
+    family: TaskFamily | str = TaskFamily.classification,
 ) -> PreTrainedModel:
-    """A sequence classification (labels given) or regression (labels None) model."""
-    if labels is None:
+    """The family's model: sequence classification (labels given) or regression (labels None), token
+    classification (one output per label), or extractive QA (start and end logits)."""
+    family = TaskFamily(family)
+    if family == TaskFamily.question_answering:
+        task_kwargs = {}
+    elif labels is None:
+        if family == TaskFamily.token_classification:
+            raise ValueError("token classification needs its labels (the tag list)")
         task_kwargs = dict(num_labels=1, problem_type="regression")
     else:
         task_kwargs = dict(
@@ -108,11 +127,12 @@ def build_model(
         )
     config = _model_config(m, tokenizer, **task_kwargs)
     attn = m.attn_implementation.value
+    auto = MODEL_CLASSES[family]
     if m.pretrained:
         path = resolve_path(m.name_or_path)
-        model = AutoModelForSequenceClassification.from_pretrained(path, config=config, attn_implementation=attn)
+        model = auto.from_pretrained(path, config=config, attn_implementation=attn)
     else:
-        model = AutoModelForSequenceClassification.from_config(config, attn_implementation=attn)
+        model = auto.from_config(config, attn_implementation=attn)
     n = sum(p.numel() for p in model.parameters())
     log.info("model %s: %s, %.1fM parameters, attention=%s, pretrained=%s",
              m.name, type(model).__name__, n / 1e6, attn, m.pretrained)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import csv
 import logging
+import re
+from collections.abc import Callable
 from pathlib import Path
 
 from datasets import ClassLabel, Dataset, DatasetDict, load_dataset
@@ -31,6 +33,18 @@ def file_format(path: str) -> str:
     return FORMATS[ext]
 
 
+def split_key(split: str) -> str:
+    """The config key that names a split's file, for error messages."""
+    return f"task.{split}_file" if split in ("train", "validation") else "task.extra_validation_splits"
+
+
+def extra_split_names(task: DictConfig) -> list[str]:
+    """Names of the extra validation splits: the Hub split names, or the files' stems (as split names)."""
+    if task.train_file is None:
+        return [str(s) for s in task.extra_validation_splits]
+    return [re.sub(r"[^\w.]", "_", Path(p).stem) for p in task.extra_validation_splits]
+
+
 def _load_file(path: str, split: str) -> Dataset:
     """One split from one file; each file is read on its own terms (format, delimiter, columns)."""
     fmt, kwargs = file_format(path), {}
@@ -43,14 +57,15 @@ def _load_file(path: str, split: str) -> Dataset:
         return load_dataset(fmt, data_files={split: path}, split=split, **kwargs)
     except Exception as exc:  # datasets wraps parse errors in several exception types
         if "corresponds to no data" in str(exc):
-            raise DataError(f"task.{split}_file={path}: the file has no rows (the {split} split is empty)") from exc
-        raise DataError(f"task.{split}_file={path}: could not be read as {fmt}: {exc}") from exc
+            raise DataError(f"{split_key(split)}={path}: the file has no rows (the {split} split is empty)") from exc
+        raise DataError(f"{split_key(split)}={path}: could not be read as {fmt}: {exc}") from exc
 
 
-def _load_files(task: DictConfig) -> DatasetDict:
-    return DatasetDict(
-        train=_load_file(task.train_file, "train"), validation=_load_file(task.validation_file, "validation")
-    )
+def _load_files(task: DictConfig, read_file: Callable[[str, str], Dataset]) -> DatasetDict:
+    raw = DatasetDict(train=read_file(task.train_file, "train"), validation=read_file(task.validation_file, "validation"))
+    for name, path in zip(extra_split_names(task), task.extra_validation_splits, strict=True):
+        raw[name] = read_file(path, name)
+    return raw
 
 
 def _load_hub(task: DictConfig) -> DatasetDict:
@@ -67,15 +82,21 @@ def _load_hub(task: DictConfig) -> DatasetDict:
             f"task.train_file=PATH task.validation_file=PATH (columns {list(task.text_fields)} and "
             f"{task.label_column!r})."
         ) from exc
-    missing = [s for s in (task.train_split, task.validation_split) if s not in raw]
+    missing = [s for s in (task.train_split, task.validation_split, *task.extra_validation_splits) if s not in raw]
     if missing:
-        raise DataError(f"task.train_split/validation_split {missing} not in {task.dataset}: splits are {list(raw)}")
-    return DatasetDict(train=raw[task.train_split], validation=raw[task.validation_split])
+        raise DataError(f"task.train_split/validation_split/extra_validation_splits {missing} not in {task.dataset}: "
+                        f"splits are {list(raw)}")
+    out = DatasetDict(train=raw[task.train_split], validation=raw[task.validation_split])
+    for name in task.extra_validation_splits:
+        out[name] = raw[name]
+    return out
 
 
-def load_raw(task: DictConfig) -> DatasetDict:
+def load_splits(task: DictConfig, read_file: Callable[[str, str], Dataset] = _load_file) -> DatasetDict:
+    """train, validation and the extra validation splits: local files (each read by `read_file(path, split)`),
+    a Hub dataset, or the demo task; task.max_train_samples/max_eval_samples applied."""
     if task.train_file is not None:
-        raw = _load_files(task)
+        raw = _load_files(task, read_file)
     elif task.dataset is not None:
         raw = _load_hub(task)
     elif task.name == "demo":
@@ -84,9 +105,16 @@ def load_raw(task: DictConfig) -> DatasetDict:
         raw = demo_splits()
     else:
         raise DataError(f"task={task.name}: set task.train_file/validation_file or task.dataset")
-    for split, limit in (("train", task.max_train_samples), ("validation", task.max_eval_samples)):
+    for split in raw:
+        limit = task.max_train_samples if split == "train" else task.max_eval_samples
         if limit is not None and len(raw[split]) > limit:
             raw[split] = raw[split].select(range(limit))
+    return raw
+
+
+def load_raw(task: DictConfig) -> DatasetDict:
+    """Sequence classification/regression splits, with the configured columns checked."""
+    raw = load_splits(task)
     _check_columns(raw, task)
     return raw
 

@@ -13,12 +13,12 @@ from typing import Any
 from accelerate import Accelerator
 from omegaconf import DictConfig, OmegaConf
 from safetensors.torch import load_file
-from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+from transformers import AutoConfig, AutoTokenizer
 
-from ampft import checkpointing, precision
-from ampft.config import FinetuneConfig
-from ampft.data import build_dataloaders, prepare_data
-from ampft.evaluation import evaluate_model
+from ampft import checkpointing, precision, tasks
+from ampft.config import FinetuneConfig, TaskFamily
+from ampft.data import build_dataloaders, eval_dataloader, prepare_data
+from ampft.models import MODEL_CLASSES
 
 log = logging.getLogger(__name__)
 
@@ -48,15 +48,28 @@ def evaluate_saved(e: DictConfig) -> dict[str, Any]:
     cfg_path = (weights if kind == "checkpoint" else run_dir) / "config.yaml"
     cfg = OmegaConf.merge(OmegaConf.structured(FinetuneConfig), OmegaConf.load(cfg_path))
     model_config = AutoConfig.from_pretrained(weights)
-    labels = None if model_config.problem_type == "regression" else [
-        model_config.id2label[i] for i in range(model_config.num_labels)]
     task = cfg.task
-    task.labels = labels  # the ids the model was trained with, whatever the file's label order
+    family = TaskFamily(task.family)
+    if family != TaskFamily.question_answering:  # QA has no labels: its outputs are span positions
+        labels = None if model_config.problem_type == "regression" else [
+            model_config.id2label[i] for i in range(model_config.num_labels)]
+        task.labels = labels  # the ids the model was trained with, whatever the file's label order
     if e.file is not None:  # all of it; the run's sample limits apply to the run's own splits only
         task.train_file = task.validation_file = e.file
         task.max_train_samples = task.max_eval_samples = None
     if e.split not in ("train", "validation"):
         raise EvaluationError(f"split={e.split}: use split=validation or split=train (or file=PATH)")
+    if e.file is not None or e.split == "train":
+        task.extra_validation_splits = []  # one split is asked for
+    sequence = family in (TaskFamily.classification, TaskFamily.regression)
+    if e.split == "train" and e.file is None and not sequence:
+        # NER and QA build evaluation features (word ids, offsets) for validation splits: read the train
+        # data as the validation split.
+        if task.train_file is not None:
+            task.validation_file = task.train_file
+        else:
+            task.validation_split = task.train_split
+        task.max_eval_samples = task.max_train_samples
     if e.precision is not None:
         cfg.precision.name = e.precision
     cfg.trainer.eval_batch_size = e.batch_size
@@ -64,19 +77,24 @@ def evaluate_saved(e: DictConfig) -> dict[str, Any]:
     accelerator = Accelerator(**precision.accelerator_kwargs(cfg.precision), cpu=cfg.trainer.cpu)
     ran = precision.setup(accelerator, cfg.precision)
     tokenizer = AutoTokenizer.from_pretrained(weights if kind == "run" else run_dir / "tokenizer")
+    tokenizer = tasks.family_for(family).adapt_tokenizer(tokenizer)
     data = prepare_data(cfg, tokenizer, accelerator.main_process_first)
-    if e.split == "train" and e.file is None:
+    if e.split == "train" and e.file is None and sequence:
         data = dataclasses.replace(data, validation=data.train)
+    auto = MODEL_CLASSES[family]
     if kind == "run":
-        model = AutoModelForSequenceClassification.from_pretrained(weights)
+        model = auto.from_pretrained(weights)
     else:
-        model = AutoModelForSequenceClassification.from_config(model_config)
+        model = auto.from_config(model_config)
         model.load_state_dict(load_file(weights / "model.safetensors"), strict=False)
-    _, eval_dl = build_dataloaders(cfg, data, tokenizer, pin_memory=accelerator.device.type == "cuda")
-    model, eval_dl = accelerator.prepare(model, eval_dl)
-    started = time.perf_counter()
-    results = evaluate_model(accelerator, model, eval_dl, list(task.metrics), None if labels is None else len(labels))
+    pin = accelerator.device.type == "cuda"
+    _, eval_dl = build_dataloaders(cfg, data, tokenizer, pin_memory=pin, model=model)
+    extra_dls = [eval_dataloader(cfg, data, ds, tokenizer, pin, model) for ds in data.extra.values()]
+    model, eval_dl, *extra_dls = accelerator.prepare(model, eval_dl, *extra_dls)
     name = e.name or (Path(e.file).stem if e.file else e.split)
+    started = time.perf_counter()
+    results = tasks.evaluate(accelerator, model, data, dict(zip(["validation", *data.extra], [eval_dl, *extra_dls],
+                                                                strict=True)), task, run_dir, name)
     out = dict(source=str(weights), kind=kind, data=e.file or f"{task.name}:{e.split}", precision=ran,
                metrics={k: v for k, v in results.items() if k != "samples"}, samples=results["samples"],
                seconds=time.perf_counter() - started)

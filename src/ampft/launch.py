@@ -1,0 +1,108 @@
+"""`make finetune` goes through here: one process runs the recipe directly, several go through
+`accelerate launch` with a config file from conf/accelerate/ and the Hydra overrides passed through.
+
+    python -m ampft.launch [--dry-run] [hydra overrides ...]
+
+The config is composed and validated first, so a mistake fails once, not in every rank. The run directory
+is decided here, once, and handed to every rank (`hydra.run.dir=...`); with several machines it must be
+on a shared filesystem and is taken from `hydra.run.dir=` or `$SLURM_JOB_ID`. `--dry-run` prints the exact
+command for every machine instead of running it.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+import time
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+RECIPE = "recipes/finetune.py"
+
+
+def compose(overrides: list[str]) -> DictConfig:
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    import ampft.config  # noqa: F401  (the schema)
+
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        return hydra_compose(config_name="finetune", overrides=overrides)
+
+
+def _run_dir(cfg: DictConfig, overrides: list[str]) -> str | None:
+    given = [o.split("=", 1)[1] for o in overrides if o.startswith("hydra.run.dir=")]
+    if given:
+        return given[-1]
+    base = f"runs/{cfg.task.name}/{cfg.model.name}-{cfg.precision.name.value}"
+    if cfg.distributed.num_machines > 1:
+        job = os.environ.get("SLURM_JOB_ID")
+        return f"{base}/job-{job}" if job else None
+    return f"{base}/{time.strftime('%Y-%m-%d_%H-%M-%S')}"
+
+
+def commands(cfg: DictConfig, overrides: list[str]) -> tuple[list[list[str]], dict[str, str]]:
+    """(one command per machine, extra environment). A single process: the recipe itself."""
+    import torch
+
+    from ampft.config import Backend
+
+    d = cfg.distributed
+    if d.backend == Backend.single and d.num_processes == 1 and d.num_machines == 1:
+        return [[sys.executable, RECIPE, *overrides]], {}
+    run_dir = _run_dir(cfg, overrides)
+    if run_dir is None:
+        raise SystemExit("error: several machines need one shared run directory: pass hydra.run.dir=/shared/path "
+                         "(or run under SLURM, where $SLURM_JOB_ID names it)")
+    if not torch.cuda.is_available() and d.backend == Backend.deepspeed and d.num_processes * d.num_machines > 1:
+        raise SystemExit("error: DeepSpeed on a machine without GPUs: Accelerate would run every rank as a lone "
+                         "process (see docs/distributed.md). DeepSpeed can only run with nproc=1 here; for "
+                         "several CPU processes use distributed=ddp.")
+    if not torch.cuda.is_available() and d.backend == Backend.fsdp:
+        raise SystemExit("error: distributed=fsdp needs GPUs, and this machine has none; use distributed=ddp")
+    env = {}
+    if not torch.cuda.is_available() and d.backend == Backend.ddp:
+        env["ACCELERATE_USE_CPU"] = "true"  # MULTI_CPU ranks over gloo (`--cpu` alone starts one process)
+    passed = [o for o in overrides if not o.startswith("hydra.run.dir=")]
+    cmds = []
+    for rank in range(d.num_machines):
+        cmd = [sys.executable, "-m", "accelerate.commands.launch",
+               "--config_file", str(Path("conf/accelerate") / (d.accelerate_config or "ddp.yaml")),
+               "--num_processes", str(d.num_processes * d.num_machines),
+               "--num_machines", str(d.num_machines), "--machine_rank", str(rank)]
+        if d.num_machines > 1:
+            cmd += ["--main_process_ip", str(d.main_process_ip), "--main_process_port", str(d.main_process_port)]
+        cmds.append([*cmd, RECIPE, *passed, f"hydra.run.dir={run_dir}"])
+    return cmds, env
+
+
+def main(argv: list[str]) -> None:
+    dry_run = "--dry-run" in argv
+    overrides = [a for a in argv if a != "--dry-run"]
+    if any(a.startswith("-") for a in overrides):  # Hydra flags (-m, --cfg, ...): the recipe handles them
+        os.execv(sys.executable, [sys.executable, RECIPE, *overrides])
+    from ampft.config import ConfigError, validate
+
+    cfg = compose(overrides)
+    try:
+        for warning in validate(cfg):
+            print(f"warning: {warning}", file=sys.stderr)
+    except ConfigError as exc:
+        raise SystemExit(f"error: {exc}") from None
+    cmds, env = commands(cfg, overrides)
+    prefix = " ".join(f"{k}={v}" for k, v in env.items())
+    if dry_run:
+        for rank, cmd in enumerate(cmds):
+            where = f"machine {rank}" if len(cmds) > 1 else "command"
+            print(f"# {where}\n{prefix + ' ' if prefix else ''}{shlex.join(cmd)}")
+        return
+    cmd = cmds[cfg.distributed.machine_rank]
+    print(f"+ {prefix + ' ' if prefix else ''}{shlex.join(cmd)}", file=sys.stderr, flush=True)
+    os.execve(sys.executable, cmd, {**os.environ, **env})
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,120 @@
+"""Extractive question answering (SQuAD v1.1 / v2.0 style): the `qa` library wired into the family interface.
+
+Data: a Hub dataset with `id`, the question and context columns (`task.text_fields=[question, context]`)
+and SQuAD-style answers (`task.label_column=answers`: {text: [...], answer_start: [...]}), or local SQuAD
+JSON files. Contexts longer than the window are split into features of `task.max_length` tokens overlapping
+by `task.doc_stride`; the validation features keep `example_id`, `offset_mapping` and `cls_index` for the
+span search (out of the model batch), and also the gold positions, so there is a validation loss.
+Evaluation writes the answers to `predictions_<split>.json` ({id: text}, the official script's input).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from accelerate import Accelerator
+from datasets import Dataset, DatasetDict
+from omegaconf import DictConfig
+from torch.utils.data import DataLoader
+from transformers import DataCollatorWithPadding, PreTrainedTokenizerBase
+
+from ampft.data.load import DataError, load_splits, split_key
+from ampft.tasks import Family, pad_to_multiple_of, qa
+
+COLUMNS = ["id", "question", "context", "answers"]
+NEG = -1e4  # logits of positions past a feature (padding across ranks); never inside its context
+
+
+class QuestionAnswering(Family):
+    model_inputs = ("input_ids", "attention_mask", "token_type_ids", "start_positions", "end_positions")
+    files = 'SQuAD JSON: .json with a top-level "data" list of articles'
+    pipeline_tag = "question-answering"
+
+    def check_file(self, path: str) -> None:
+        ext = Path(path).suffix.lower()
+        if ext != ".json":
+            raise ValueError(f"{path}: unsupported extension {ext!r} for question answering; use {self.files}")
+
+    def load(self, task: DictConfig) -> tuple[DatasetDict, None]:
+        def read(path: str, split: str) -> Dataset:
+            try:
+                ds = qa.read_squad(path)
+            except (ValueError, UnicodeDecodeError) as exc:
+                raise DataError(f"{split_key(split)}={path}: {exc}") from exc
+            if len(ds) == 0:
+                raise DataError(f"{split_key(split)}={path}: no questions in the file")
+            return ds
+
+        raw = load_splits(task, read)
+        question, context = task.text_fields
+        renames = {question: "question", context: "context", task.label_column: "answers"}
+        out = {}
+        for split, ds in raw.items():
+            missing = [c for c in ("id", *renames) if c not in ds.column_names]
+            if missing:
+                raise DataError(
+                    f"task={task.name}: column(s) {missing} not in the {split} split, whose columns are "
+                    f"{ds.column_names}. Set task.text_fields=[<question>, <context>] and task.label_column=<answers>."
+                )
+            renames_here = {a: b for a, b in renames.items() if a != b}
+            ds = ds.select_columns(["id", *renames])
+            out[split] = (ds.rename_columns(renames_here) if renames_here else ds).select_columns(COLUMNS)
+        return DatasetDict(out), None
+
+    def cache_settings(self, task: DictConfig) -> dict:
+        return {"doc_stride": task.doc_stride}
+
+    def tokenize(self, raw: DatasetDict, task: DictConfig, tokenizer: PreTrainedTokenizerBase,
+                 labels: list[str] | None) -> DatasetDict:
+        kwargs = dict(tokenizer=tokenizer, max_length=task.max_length, doc_stride=task.doc_stride)
+
+        def train(batch):
+            out = qa.prepare_train_features(batch, **kwargs)
+            out["length"] = [len(ids) for ids in out["input_ids"]]
+            return out
+
+        def evaluation(batch):  # the same windows: span search inputs, and gold positions for a loss
+            out = qa.prepare_eval_features(batch, **kwargs)
+            positions = qa.prepare_train_features(batch, **kwargs)
+            out["start_positions"], out["end_positions"] = positions["start_positions"], positions["end_positions"]
+            out["length"] = [len(ids) for ids in out["input_ids"]]
+            return out
+
+        return DatasetDict({s: ds.map(train if s == "train" else evaluation, batched=True,
+                                      remove_columns=ds.column_names, desc=f"tokenizing {s}")
+                            for s, ds in raw.items()})
+
+    def collator(self, tokenizer: PreTrainedTokenizerBase, mixed_precision: bool):
+        return DataCollatorWithPadding(tokenizer, pad_to_multiple_of=pad_to_multiple_of(tokenizer, mixed_precision))
+
+    @torch.inference_mode()
+    def evaluate(self, accelerator: Accelerator, model, dataloader: DataLoader, features: Dataset,
+                 examples: Dataset, task: DictConfig, labels: list[str] | None,
+                 out_dir: Path | None = None, name: str = "validation") -> dict[str, float]:
+        was_training = model.training
+        model.eval()
+        starts, ends, losses = [], [], []
+        for batch in dataloader:
+            out = model(**batch)
+            start = accelerator.pad_across_processes(out.start_logits.float(), dim=1, pad_index=NEG)
+            end = accelerator.pad_across_processes(out.end_logits.float(), dim=1, pad_index=NEG)
+            loss = out.loss.float().expand(len(start))
+            start, end, loss = accelerator.gather_for_metrics((start, end, loss))
+            starts.extend(start.cpu().numpy())
+            ends.extend(end.cpu().numpy())
+            losses.append(loss.cpu())
+        model.train(was_training)
+        answers = qa.postprocess(examples, features, starts, ends, n_best=task.n_best,
+                                 max_answer_length=task.max_answer_length, version_2=task.version_2,
+                                 null_threshold=task.null_threshold)
+        metric = qa.SquadV2() if task.version_2 else qa.Squad()
+        references = [{"id": i, "answers": a} for i, a in zip(examples["id"], examples["answers"], strict=True)]
+        results = metric.compute(predictions=[{"id": k, "prediction_text": v} for k, v in answers.items()],
+                                 references=references)
+        if out_dir is not None and accelerator.is_main_process:
+            (Path(out_dir) / f"predictions_{name}.json").write_text(json.dumps(answers, indent=1, ensure_ascii=False))
+        results["loss"] = float(torch.cat(losses).mean())
+        results["samples"] = len(references)
+        return results

@@ -1,0 +1,153 @@
+"""Token classification (NER, CoNLL-2003 style): the `ner` library wired into the family interface.
+
+Data: a Hub dataset with a column of word lists (`task.text_fields=[tokens]`) and one of tag lists
+(`task.label_column=ner_tags`: ClassLabel ids, integer ids into `task.labels`, or tag strings), or local
+CoNLL files (`task.token_column`/`task.tag_column` pick the fields). Both become `tokens`/`tags` string
+lists. Scores: entity-level precision/recall/F1 as conlleval computes them (seqeval's strict mode with
+`task.seqeval_mode=strict`), token accuracy, F1 per entity type; in percent.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+from accelerate import Accelerator
+from datasets import ClassLabel, Dataset, DatasetDict
+from omegaconf import DictConfig
+from torch.utils.data import DataLoader
+from transformers import AutoTokenizer, DataCollatorForTokenClassification, PreTrainedTokenizerBase
+
+from ampft.config import SeqevalMode, TagScheme
+from ampft.data.load import DataError, load_splits, split_key
+from ampft.tasks import Family, ner, pad_to_multiple_of
+
+log = logging.getLogger(__name__)
+
+EXTENSIONS = (".txt", ".conll")
+
+
+class TokenClassification(Family):
+    files = "CoNLL files: .txt or .conll, one token per line with its tag in another field, blank line between sentences"
+    pipeline_tag = "token-classification"
+
+    def check_file(self, path: str) -> None:
+        ext = Path(path).suffix.lower()
+        if ext not in EXTENSIONS:
+            raise ValueError(f"{path}: unsupported extension {ext!r} for token classification; use {self.files}")
+
+    def adapt_tokenizer(self, tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
+        """Byte-level BPE (RoBERTa, GPT-2) marks a word start with a leading space; words given one by one need
+        it added (`add_prefix_space=True`), or each is encoded as if it continued the word before."""
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        pre = getattr(backend, "pre_tokenizer", None)
+        if type(pre).__name__ == "ByteLevel" and not pre.add_prefix_space:
+            log.info("reloading the tokenizer with add_prefix_space=True (byte-level BPE, words pre-split)")
+            return AutoTokenizer.from_pretrained(tokenizer.name_or_path, add_prefix_space=True)
+        return tokenizer
+
+    def load(self, task: DictConfig) -> tuple[DatasetDict, list[str]]:
+        def read(path: str, split: str) -> Dataset:
+            try:
+                ds = ner.read_conll(path, task.token_column, task.tag_column)
+            except (ValueError, UnicodeDecodeError) as exc:
+                raise DataError(f"{split_key(split)}={path}: not a CoNLL file: {exc}") from exc
+            if len(ds) == 0:
+                raise DataError(f"{split_key(split)}={path}: no sentences in the file")
+            return ds
+
+        raw = load_splits(task, read)
+        if task.train_file is None:  # a Hub dataset: its columns, as tokens/tags string lists
+            raw = DatasetDict({s: _tokens_and_tags(ds, task, s) for s, ds in raw.items()})
+        labels = [str(t) for t in task.labels] if task.labels is not None else ner.label_list(raw)
+        not_iob = [t for t in labels if t != "O" and not (t[:2] in ("B-", "I-") and len(t) > 2)]
+        if not_iob:  # found now, not at the first evaluation
+            raise DataError(f"task={task.name}: tags {not_iob[:10]} are not IOB tags (O, B-<type>, I-<type>), which "
+                            "entity scoring reads (task.tag_scheme=IOB1|IOB2); convert the data (e.g. IOBES to IOB2)")
+        return raw, labels
+
+    def cache_settings(self, task: DictConfig) -> dict:
+        return {"label_all_subtokens": task.label_all_subtokens}
+
+    def tokenize(self, raw: DatasetDict, task: DictConfig, tokenizer: PreTrainedTokenizerBase,
+                 labels: list[str] | None) -> DatasetDict:
+        label2id = {name: i for i, name in enumerate(labels)}
+
+        def fn(batch):
+            try:
+                out = ner.tokenize_and_align(batch, tokenizer, label2id, task.max_length, task.label_all_subtokens)
+            except ValueError as exc:
+                raise DataError(f"task={task.name}: {exc}. Fix the data, or set task.labels=[...] to every tag "
+                                "in id order") from None
+            out["length"] = [len(ids) for ids in out["input_ids"]]
+            return out
+
+        return DatasetDict({s: ds.map(fn, batched=True, remove_columns=ds.column_names, desc=f"tokenizing {s}")
+                            for s, ds in raw.items()})
+
+    def collator(self, tokenizer: PreTrainedTokenizerBase, mixed_precision: bool):
+        # Pads `labels` with -100 (no loss); `word_ids` stays out of the batch (not a model input).
+        return DataCollatorForTokenClassification(tokenizer, pad_to_multiple_of=pad_to_multiple_of(tokenizer,
+                                                                                                    mixed_precision))
+
+    @torch.inference_mode()
+    def evaluate(self, accelerator: Accelerator, model, dataloader: DataLoader, features: Dataset,
+                 examples: Dataset, task: DictConfig, labels: list[str] | None,
+                 out_dir: Path | None = None, name: str = "validation") -> dict[str, float]:
+        was_training = model.training
+        model.eval()
+        predictions, loss_sums, counts = [], [], []
+        for batch in dataloader:
+            logits = model(**batch).logits.float()
+            # The loss over every labelled token of the split (not a mean of batch means): per-feature sums.
+            token_loss = torch.nn.functional.cross_entropy(logits.transpose(1, 2), batch["labels"],
+                                                           ignore_index=ner.IGNORE_INDEX, reduction="none")
+            count = (batch["labels"] != ner.IGNORE_INDEX).sum(dim=1)
+            # Label ids, not logits, cross the ranks; each rank's batch may be padded to another width.
+            pred = accelerator.pad_across_processes(logits.argmax(dim=-1), dim=1, pad_index=ner.IGNORE_INDEX)
+            pred, loss_sum, count = accelerator.gather_for_metrics((pred, token_loss.sum(dim=1), count))
+            predictions.extend(pred.cpu().numpy())
+            loss_sums.append(loss_sum.cpu())
+            counts.append(count.cpu())
+        model.train(was_training)
+        gold = list(examples["tags"])
+        tags = ner.predictions_to_tags(predictions, list(features["word_ids"]), labels,
+                                       num_words=[len(t) for t in gold])
+        scores = ner.Seqeval().compute(predictions=tags, references=gold, scheme=TagScheme(task.tag_scheme).value,
+                                       mode=SeqevalMode(task.seqeval_mode).value)
+        results = {k: scores[k] for k in ("precision", "recall", "f1", "accuracy")}
+        results.update({k: v for k, v in scores.items() if k.endswith("/f1")})  # per entity type
+        results["loss"] = float(torch.cat(loss_sums).sum() / torch.cat(counts).sum().clamp(min=1))
+        results["samples"] = len(gold)
+        return results
+
+
+def _tokens_and_tags(ds: Dataset, task: DictConfig, split: str) -> Dataset:
+    """A Hub split's word and tag columns as `tokens` and `tags` (tag strings)."""
+    words, col = task.text_fields[0], task.label_column
+    missing = [c for c in (words, col) if c not in ds.column_names]
+    if missing:
+        raise DataError(f"task={task.name}: column(s) {missing} not in the {split} split, whose columns are "
+                        f"{ds.column_names}. Set task.text_fields=[<words column>] and task.label_column=<tags column>.")
+    inner = getattr(ds.features[col], "feature", None)
+    if isinstance(inner, ClassLabel):
+        names = list(inner.names)
+    elif task.labels is not None:
+        names = [str(t) for t in task.labels]
+    else:
+        names = None
+
+    def convert(batch):
+        tags = batch[col]
+        if names is not None:
+            try:
+                tags = [[t if isinstance(t, str) else names[t] for t in row] for row in tags]
+            except IndexError:
+                raise DataError(f"task={task.name}: the {split} split has tag ids outside task.labels={names}") from None
+        elif any(not isinstance(t, str) for row in tags for t in row):
+            raise DataError(f"task={task.name}: the {split} split's {col!r} holds tag ids without names: set "
+                            "task.labels=[...] to the tag names in id order")
+        return {"tokens": [[str(w) for w in row] for row in batch[words]], "tags": tags}
+
+    return ds.map(convert, batched=True, remove_columns=ds.column_names, desc=f"reading {split} tags")
