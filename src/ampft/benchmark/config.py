@@ -1,0 +1,236 @@
+"""The benchmark's schema, and the finetune config of each arm composed from it.
+
+`conf/benchmark/<name>.yaml` files are merged into `BenchmarkConfig` (registered in Hydra's ConfigStore
+inside the primary config `benchmark_recipe`), so an unknown key or a bad mode fails at compose time.
+Each arm is an ordinary finetune config: `conf/finetune.yaml` composed with the benchmark's shared
+overrides, the mode's overrides and the arm's own, in that order (later wins); `check` composes and
+validates every arm of every mode before anything is measured, and reports all problems at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig
+
+CONF_DIR = Path(__file__).resolve().parents[3] / "conf"
+
+
+class Mode(str, Enum):
+    speed = "speed"  # timed steps on synthetic fixed-length batches: step time, throughput, MFU, memory
+    accuracy = "accuracy"  # full fine-tuning runs per seed: metric mean/std, difference to the baseline
+
+
+@dataclass
+class ArmConfig:
+    name: str = MISSING
+    # finetune overrides that make this arm, e.g. [precision=bf16, model.attn_implementation=eager]
+    overrides: list[str] = field(default_factory=list)
+    # the modes this arm takes part in; null: every mode of the benchmark
+    modes: list[Mode] | None = None
+
+
+@dataclass
+class SpeedConfig:
+    warmup_steps: int = 3  # run, not timed
+    timed_steps: int = 10
+    overrides: list[str] = field(default_factory=lambda: ["model.pretrained=false"])
+
+
+@dataclass
+class SweepConfig:
+    """Peak memory versus batch size, per arm, after the timed steps (the same model and optimizer)."""
+
+    batch_sizes: list[int] = field(default_factory=list)  # measured in this order; [] disables the sweep
+    until_oom: bool = True  # CUDA only: keep doubling after the last size until out of memory
+    max_batch_size: int = 4096  # CUDA doubling stops here even if it still fits
+    steps: int = 1  # optimizer steps per batch size (the peak is reached in the first)
+    arms: list[str] | None = None  # null: every speed arm
+
+
+@dataclass
+class AccuracyConfig:
+    seeds: list[int] = field(default_factory=lambda: [1, 2, 3])
+    overrides: list[str] = field(default_factory=lambda: ["checkpoint.export=false"])
+
+
+@dataclass
+class PeakTflops:
+    """Dense peak TFLOP/s per precision; null: from the table of known devices (none for CPUs)."""
+
+    fp32: float | None = None
+    tf32: float | None = None
+    fp16: float | None = None
+    bf16: float | None = None
+
+
+@dataclass
+class BenchmarkConfig:
+    name: str = MISSING
+    modes: list[Mode] = field(default_factory=lambda: [Mode.speed, Mode.accuracy])
+    model: str = "minilm-l6"  # a conf/model option
+    task: str = "demo"  # a conf/task option (accuracy mode trains on it; speed mode uses synthetic data)
+    seq_len: int = 128  # task.max_length; speed-mode batches are exactly this long
+    batch_size: int = 32  # trainer.batch_size
+    seed: int = 42  # trainer.seed in speed mode, and the seed of the synthetic batches
+    baseline: str = "fp32"  # the arm the others are compared with
+    overrides: list[str] = field(default_factory=lambda: ["logging=none", "trainer.progress_bar=false"])
+    speed: SpeedConfig = field(default_factory=SpeedConfig)
+    sweep: SweepConfig = field(default_factory=SweepConfig)
+    accuracy: AccuracyConfig = field(default_factory=AccuracyConfig)
+    peak_tflops: PeakTflops = field(default_factory=PeakTflops)
+    arms: list[ArmConfig] = field(default_factory=list)
+
+
+def register_configs() -> None:
+    ConfigStore.instance().store(
+        name="benchmark_recipe",
+        node={
+            "defaults": ["_self_", {"benchmark": "cpu-smoke"}],
+            "benchmark": BenchmarkConfig,
+            "hydra": {"run": {"dir": "runs/benchmark/${benchmark.name}/${now:%Y-%m-%d_%H-%M-%S}"},
+                      "job": {"name": "benchmark"}},
+        },
+    )
+
+
+register_configs()
+
+
+class BenchmarkConfigError(ValueError):
+    """Every problem found in a benchmark config, one per line, each naming the key."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__(
+            f"{len(problems)} problem(s) in the benchmark config:\n" + "\n".join(f"  - {p}" for p in problems)
+        )
+
+
+def arms_for(b: DictConfig, mode: Mode) -> list[DictConfig]:
+    """The arms that take part in `mode`, in config order."""
+    if Mode(mode) not in [Mode(m) for m in b.modes]:
+        return []
+    return [a for a in b.arms if a.modes is None or Mode(mode) in [Mode(m) for m in a.modes]]
+
+
+def arm_overrides(b: DictConfig, arm: DictConfig, mode: Mode, seed: int | None = None) -> list[str]:
+    """The finetune overrides of one arm in one mode; later entries win."""
+    mode = Mode(mode)
+    common = [f"model={b.model}", f"task={b.task}", f"task.max_length={b.seq_len}",
+              f"trainer.batch_size={b.batch_size}", f"trainer.seed={b.seed if seed is None else seed}",
+              *b.overrides]
+    per_mode = b.speed.overrides if mode == Mode.speed else b.accuracy.overrides
+    return [*common, *per_mode, *arm.overrides]
+
+
+def compose_finetune(overrides: list[str], conf_dir: Path = CONF_DIR) -> DictConfig:
+    """conf/finetune.yaml with overrides: inside a running Hydra app (the recipe) its search path is
+    used; otherwise (tests, notebooks) conf_dir is."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    import ampft.config  # noqa: F401  (registers finetune_schema)
+
+    if GlobalHydra.instance().is_initialized():
+        return compose(config_name="finetune", overrides=list(overrides))
+    with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
+        return compose(config_name="finetune", overrides=list(overrides))
+
+
+def check(b: DictConfig, conf_dir: Path = CONF_DIR) -> dict[tuple[str, str, int | None], DictConfig]:
+    """Validate the benchmark and compose every finetune config it will run; raise with all problems.
+
+    Returns {(mode, arm name, seed): cfg}; seed is None in speed mode (it uses benchmark.seed). Composing
+    everything up front also means a config file edited while the benchmark runs cannot change it midway."""
+    from ampft.config import ConfigError, validate
+
+    problems: list[str] = []
+    modes = [Mode(m) for m in b.modes]
+    names = [a.name for a in b.arms]
+    if not modes:
+        problems.append("benchmark.modes is empty: use [speed], [accuracy] or [speed, accuracy]")
+    if not names:
+        problems.append("benchmark.arms is empty: give at least two arms, e.g. "
+                        "[{name: fp32, overrides: [precision=fp32]}, {name: bf16, overrides: [precision=bf16]}]")
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        problems.append(f"benchmark.arms has duplicate names {dupes}: each arm needs its own name")
+    if names and b.baseline not in names:
+        problems.append(f"benchmark.baseline={b.baseline} is not an arm: choose one of {names}")
+    if b.seq_len < 8:
+        problems.append(f"benchmark.seq_len={b.seq_len}: must be >= 8")
+    if b.batch_size < 1:
+        problems.append(f"benchmark.batch_size={b.batch_size}: must be >= 1")
+    s = b.speed
+    if Mode.speed in modes:
+        if s.warmup_steps < 0:
+            problems.append(f"benchmark.speed.warmup_steps={s.warmup_steps}: must be >= 0")
+        if s.timed_steps < 2:
+            problems.append(f"benchmark.speed.timed_steps={s.timed_steps}: must be >= 2 (a spread needs two)")
+        sw = b.sweep
+        if any(n < 1 for n in sw.batch_sizes) or list(sw.batch_sizes) != sorted(set(sw.batch_sizes)):
+            problems.append(f"benchmark.sweep.batch_sizes={list(sw.batch_sizes)}: positive and increasing, "
+                            "e.g. [4, 8, 16]")
+        if sw.steps < 1:
+            problems.append(f"benchmark.sweep.steps={sw.steps}: must be >= 1")
+        unknown = [a for a in (sw.arms or []) if a not in names]
+        if unknown:
+            problems.append(f"benchmark.sweep.arms has {unknown}: not arms; choose from {names}")
+    if Mode.accuracy in modes and not b.accuracy.seeds:
+        problems.append("benchmark.accuracy.seeds is empty: give several seeds, e.g. [1, 2, 3]")
+    if Mode.accuracy in modes and len(b.accuracy.seeds) != len(set(b.accuracy.seeds)):
+        problems.append(f"benchmark.accuracy.seeds={list(b.accuracy.seeds)} repeats a seed")
+    for key, value in (("peak_tflops", b.peak_tflops),):
+        bad = {k: v for k, v in value.items() if v is not None and v <= 0}
+        if bad:
+            problems.append(f"benchmark.{key} has non-positive values {bad}: give TFLOP/s > 0 or null")
+
+    cfgs: dict[tuple[str, str], DictConfig] = {}
+    for mode in modes:
+        arms = arms_for(b, mode)
+        if b.arms and not arms:
+            problems.append(f"benchmark.modes has {mode.value} but no arm takes part in it (see arms[].modes)")
+        if arms and b.baseline in names and b.baseline not in [a.name for a in arms]:
+            problems.append(f"benchmark.baseline={b.baseline} does not take part in {mode.value} mode: "
+                            f"remove {mode.value} from its arms[].modes restriction")
+        seeds = list(b.accuracy.seeds) if mode == Mode.accuracy else [None]
+        for arm in arms:
+            where = f"benchmark.arms[{names.index(arm.name)}] ({arm.name}, {mode.value} mode)"
+            try:
+                cfg = compose_finetune(arm_overrides(b, arm, mode, seeds[0]), conf_dir)
+            except Exception as exc:  # Hydra's composition errors: unknown key, bad option, bad value
+                cause = str(exc.__cause__ or exc).split("Config search path")[0]
+                problems.append(f"{where}: the finetune overrides do not compose: " + " ".join(cause.split()))
+                continue
+            try:
+                validate(cfg)
+            except ConfigError as exc:
+                problems.extend(f"{where}: {p}" for p in exc.problems)
+                continue
+            if cfg.model.pretrained:  # fail now, not after the speed arms have run
+                from ampft.models import ModelLoadError, check_loadable
+
+                try:
+                    check_loadable(cfg.model.name_or_path, f"model {cfg.model.name}", "model.name_or_path")
+                except ModelLoadError as exc:
+                    problems.append(f"{where}: {exc}".replace("\n", " "))
+            if mode == Mode.speed:
+                if cfg.trainer.grad_accum != 1:
+                    problems.append(f"{where}: trainer.grad_accum={cfg.trainer.grad_accum}; speed mode times "
+                                    "single micro-batch steps, use trainer.grad_accum=1")
+                max_pos = cfg.model.arch.get("max_position_embeddings")
+                if cfg.model.arch.get("model_type") == "roberta" and max_pos is not None:
+                    max_pos -= 2  # RoBERTa's positions start after the padding index
+                if max_pos is not None and cfg.task.max_length > max_pos:
+                    problems.append(f"{where}: benchmark.seq_len={cfg.task.max_length} is longer than "
+                                    f"{cfg.model.name}'s max_position_embeddings={max_pos}")
+            cfgs[(mode.value, arm.name, seeds[0])] = cfg
+            for seed in seeds[1:]:  # the same config but for trainer.seed, so validated once
+                cfgs[(mode.value, arm.name, seed)] = compose_finetune(arm_overrides(b, arm, mode, seed), conf_dir)
+    if problems:
+        raise BenchmarkConfigError(problems)
+    return cfgs

@@ -1,0 +1,110 @@
+"""The hardware and software a benchmark ran on, for the report."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import platform
+import subprocess
+import time
+
+import accelerate
+import torch
+import transformers
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _cpu_features() -> list[str]:
+    """The CPU features that decide bf16/fp16 speed on a CPU."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return []
+    return sorted(f for f in set(flags) if f in {"avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16",
+                                                    "amx_fp16", "amx_tile"})
+
+
+def _nvidia_driver() -> str | None:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20, check=True).stdout
+        return out.strip().splitlines()[0] if out.strip() else None
+    except (OSError, subprocess.SubprocessError):
+        pass
+    try:
+        with open("/proc/driver/nvidia/version") as f:
+            return f.readline().strip()
+    except OSError:
+        return None
+
+
+def _load() -> float | None:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return None
+
+
+def describe(device: torch.device) -> dict:
+    cuda = device.type == "cuda"
+    props = torch.cuda.get_device_properties(device) if cuda else None
+    return dict(
+        date=dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        device_type=device.type,
+        device_name=torch.cuda.get_device_name(device) if cuda else _cpu_model(),
+        device_memory_bytes=props.total_memory if cuda else None,
+        compute_capability=f"{props.major}.{props.minor}" if cuda else None,
+        driver=_nvidia_driver() if cuda else None,
+        cuda=torch.version.cuda,
+        cudnn=torch.backends.cudnn.version() if cuda else None,
+        cpu=_cpu_model(),
+        cpu_count=os.cpu_count(),
+        cpu_features=_cpu_features(),
+        torch_threads=torch.get_num_threads(),
+        load_average=_load(),  # other processes on the machine make timings noisy
+        python=platform.python_version(),
+        os=f"{platform.system()} {platform.release()}",
+        torch=torch.__version__,
+        transformers=transformers.__version__,
+        accelerate=accelerate.__version__,
+    )
+
+
+def _busy_seconds() -> float | None:
+    """CPU seconds the whole machine spent busy since boot (Linux /proc/stat), all cores together."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (fields + [0] * 8)[:8]
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+class OtherLoad:
+    """The share of the machine's CPU capacity that other processes used while a block ran: 0 on a quiet
+    machine; 0.5 on 2 cores means another process kept one core busy (timings are then unreliable)."""
+
+    def __enter__(self) -> OtherLoad:
+        self.share: float | None = None
+        self._t, self._busy, self._own = time.monotonic(), _busy_seconds(), sum(os.times()[:2])
+        return self
+
+    def __exit__(self, *exc) -> None:
+        busy = _busy_seconds()
+        elapsed = time.monotonic() - self._t
+        if busy is None or self._busy is None or elapsed <= 0:
+            return
+        other = (busy - self._busy) - (sum(os.times()[:2]) - self._own)
+        self.share = round(min(max(other / (elapsed * (os.cpu_count() or 1)), 0.0), 1.0), 3)

@@ -1,0 +1,151 @@
+"""PNG plots with matplotlib's object API and the Agg canvas (no display, no global pyplot state)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+COLORS = {"fp32": "#4c72b0", "tf32": "#8172b2", "fp16": "#dd8452", "bf16": "#55a868"}
+
+
+def _figure(w: float = 7.0, h: float = 4.0) -> tuple[Figure, object]:
+    fig = Figure(figsize=(w, h), dpi=100, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig, fig.add_subplot()
+
+
+def _color(precision: str | None) -> str:
+    return COLORS.get(precision or "", "#777777")
+
+
+def _empty(ax, text: str) -> None:
+    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, wrap=True)
+    ax.set_axis_off()
+
+
+def throughput(results: dict, path: Path) -> None:
+    fig, ax = _figure()
+    arms = results["speed"]["arms"]
+    names = [a["arm"] for a in arms]
+    med = [a["tokens_per_second"]["median"] for a in arms]
+    lo = [m - a["tokens_per_second"]["q1"] for m, a in zip(med, arms, strict=True)]
+    hi = [a["tokens_per_second"]["q3"] - m for m, a in zip(med, arms, strict=True)]
+    labels = [f"{n}\n{a['speedup']:.2f}x" if a.get("speedup") else n for n, a in zip(names, arms, strict=True)]
+    ax.bar(labels, med, yerr=[lo, hi], capsize=4, color=[_color(a["precision"]) for a in arms])
+    ax.set_ylabel("tokens / s (median)")
+    ax.set_title(f"Throughput per arm (x: vs {results['benchmark']['baseline']})")
+    ax.margins(y=0.15)
+    fig.savefig(path)
+
+
+def memory(results: dict, path: Path) -> None:
+    fig, ax = _figure()
+    arms = results["speed"]["arms"]
+    names = [a["arm"] for a in arms]
+    cuda = results["environment"]["device_type"] == "cuda"
+    alloc = [(a["peak_memory_bytes"] or 0) / 2**30 for a in arms]
+    if cuda:
+        x = range(len(arms))
+        ax.bar([i - 0.2 for i in x], alloc, width=0.4, label="peak allocated",
+               color=[_color(a["precision"]) for a in arms])
+        ax.bar([i + 0.2 for i in x], [(a["peak_reserved_bytes"] or 0) / 2**30 for a in arms], width=0.4,
+               label="peak reserved", color="#bbbbbb")
+        ax.set_xticks(list(x), names)
+        ax.legend()
+    else:
+        ax.bar(names, alloc, color=[_color(a["precision"]) for a in arms])
+    for i, a in enumerate(arms):
+        if a.get("memory_vs_baseline") is not None:
+            ax.annotate(f"{100 * a['memory_vs_baseline']:.0f}%", (i, alloc[i]), ha="center", va="bottom",
+                        xytext=(0, 4), textcoords="offset points")
+    ax.set_ylabel("GiB")
+    ax.set_title("Peak memory per arm" + ("" if cuda else " (process peak RSS, CPU)"))
+    ax.margins(y=0.15)
+    fig.savefig(path)
+
+
+def memory_vs_batch(results: dict, path: Path) -> None:
+    fig, ax = _figure()
+    cuda = results["environment"]["device_type"] == "cuda"
+    key = "peak_allocated_bytes" if cuda else "peak_rss_bytes"
+    drawn = False
+    for r in results["speed"]["raw"]:
+        pts = [p for p in r["sweep"] if p["fits"]]
+        if not pts:
+            continue
+        drawn = True
+        xs, ys = [p["batch_size"] for p in pts], [p[key] / 2**30 for p in pts]
+        ax.plot(xs, ys, marker="o", label=r["arm"], color=_color(r["precision"]),
+                linestyle="-" if r["attn_implementation"] == "sdpa" else "--")
+        oom = [p["batch_size"] for p in r["sweep"] if not p["fits"]]
+        if oom:
+            ax.annotate(f"OOM at {oom[0]}", (xs[-1], ys[-1]), xytext=(4, -10), textcoords="offset points",
+                        fontsize=8)
+    if not drawn:
+        _empty(ax, "no memory sweep (benchmark.sweep.batch_sizes is empty)")
+    else:
+        ax.set_xscale("log", base=2)
+        sizes = sorted({p["batch_size"] for r in results["speed"]["raw"] for p in r["sweep"] if p["fits"]})
+        ax.set_xticks(sizes, [str(n) for n in sizes])
+        ax.minorticks_off()
+        ax.set_xlabel("batch size")
+        ax.set_ylabel("GiB" + (" (peak allocated)" if cuda else " (process peak RSS)"))
+        ax.set_title("Peak memory versus batch size")
+        ax.legend()
+    fig.savefig(path)
+
+
+def loss_curves(results: dict, path: Path) -> None:
+    fig, ax = _figure()
+    runs = (results.get("accuracy") or {}).get("runs", [])
+    seen = set()
+    for r in runs:
+        if not r["loss_curve"]:
+            continue
+        steps, losses = zip(*r["loss_curve"], strict=True)
+        label = None if r["arm"] in seen else r["arm"]
+        seen.add(r["arm"])
+        ax.plot(steps, losses, color=_color(r["precision"]), alpha=0.7, linewidth=1.2, label=label)
+    if not seen:
+        _empty(ax, "no accuracy runs")
+    else:
+        ax.set_xlabel("optimizer step")
+        ax.set_ylabel("training loss (logging window mean)")
+        ax.set_title("Loss curves (one line per seed)")
+        ax.legend()
+    fig.savefig(path)
+
+
+def loss_scale(results: dict, path: Path) -> None:
+    fig, ax = _figure()
+    runs = [r for r in (results.get("accuracy") or {}).get("runs", []) if r["loss_scale_trace"]]
+    for r in runs:
+        steps, scales = zip(*r["loss_scale_trace"], strict=True)
+        ax.step(steps, scales, where="post", alpha=0.8,
+                label=f"{r['arm']} seed {r['seed']} ({r.get('skipped_steps') or 0} skipped)")
+    if not runs:
+        _empty(ax, "no fp16 arm in accuracy mode: no loss scale to show\n(bf16 and fp32 need no loss scaling)")
+    else:
+        ax.set_yscale("log", base=2)
+        ax.set_xlabel("optimizer step")
+        ax.set_ylabel("loss scale")
+        ax.set_title("fp16 dynamic loss scale")
+        ax.legend(fontsize=8)
+    fig.savefig(path)
+
+
+def make_plots(results: dict, out_dir: Path) -> list[str]:
+    """Write the PNGs that the results have data for; return their file names."""
+    out_dir = Path(out_dir)
+    made = []
+    todo = []
+    if results.get("speed"):
+        todo += [("throughput.png", throughput), ("memory.png", memory), ("memory_vs_batch.png", memory_vs_batch)]
+    if results.get("accuracy"):
+        todo += [("loss_curves.png", loss_curves), ("loss_scale.png", loss_scale)]
+    for name, fn in todo:
+        fn(results, out_dir / name)
+        made.append(name)
+    return made

@@ -1,0 +1,249 @@
+"""Speed/memory mode: the engine's training step, timed on synthetic fixed-length batches.
+
+Each arm is built by `ampft.finetune.build` (the prepared Accelerator, model, optimizer and scheduler a
+real run would get), then trained for `warmup_steps` untimed and `timed_steps` timed steps on batches of
+random token ids of exactly `seq_len` (all-ones attention mask, random labels) drawn from the benchmark
+seed, so every arm sees the same data in the same order. On CUDA the device is synchronised before and
+after each timed step. Memory: on CUDA the allocator's peak allocated and reserved bytes since the model
+was built; on CPU the process's peak resident set size over the steps (VmHWM, reset first).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import gc
+import inspect
+import logging
+import time
+from pathlib import Path
+
+import torch
+from accelerate import Accelerator
+from omegaconf import DictConfig
+
+from ampft.benchmark.flops import model_flops_per_token
+from ampft.engine import Loop
+from ampft.finetune import build, reset_accelerate
+
+log = logging.getLogger(__name__)
+
+
+def synthetic_batches(n: int, batch_size: int, seq_len: int, vocab_size: int, num_labels: int, seed: int,
+                      device: torch.device, token_type_ids: bool = True, regression: bool = False) -> list[dict]:
+    """n batches of random ids (from the ordinary vocabulary range), deterministic in `seed`."""
+    g = torch.Generator().manual_seed(seed)
+    low = 1000 if vocab_size > 2000 else 1  # above BERT's [PAD]/[unused]/special ids
+    batches = []
+    for _ in range(n):
+        b = dict(
+            input_ids=torch.randint(low, vocab_size, (batch_size, seq_len), generator=g),
+            attention_mask=torch.ones(batch_size, seq_len, dtype=torch.long),
+            labels=(torch.rand(batch_size, generator=g) if regression
+                    else torch.randint(0, num_labels, (batch_size,), generator=g)),
+        )
+        if token_type_ids:
+            b["token_type_ids"] = torch.zeros(batch_size, seq_len, dtype=torch.long)
+        batches.append({k: v.to(device) for k, v in b.items()})
+    return batches
+
+
+def train_step(acc: Accelerator, model, optimizer, scheduler, batch: dict, max_grad_norm: float):
+    """One optimizer step as `ampft.engine.fit` does it (grad_accum=1): forward, backward (scaled under
+    fp16), clip (unscales), step (skipped on fp16 overflow), schedule, zero_grad."""
+    loss = model(**batch).loss
+    acc.backward(loss)
+    if max_grad_norm > 0:
+        acc.clip_grad_norm_(model.parameters(), max_grad_norm)
+    optimizer.step()
+    skipped = optimizer.step_was_skipped
+    if not skipped:
+        scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss.detach(), skipped
+
+
+# --- memory ---------------------------------------------------------------------------------------
+
+def _vm(field: str) -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def reset_peak(device: torch.device) -> bool:
+    """Start a new peak-memory window; False where the CPU peak cannot be reset (then it is the
+    process's lifetime peak)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        return True
+    try:  # Linux: "5" resets the peak RSS (VmHWM) to the current RSS
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def memory_now(device: torch.device) -> dict[str, int | None]:
+    if device.type == "cuda":
+        return dict(allocated_bytes=torch.cuda.memory_allocated(device),
+                    reserved_bytes=torch.cuda.memory_reserved(device))
+    return dict(rss_bytes=_vm("VmRSS"))
+
+
+def memory_peak(device: torch.device) -> dict[str, int | None]:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        return dict(peak_allocated_bytes=torch.cuda.max_memory_allocated(device),
+                    peak_reserved_bytes=torch.cuda.max_memory_reserved(device))
+    import resource
+
+    hwm = _vm("VmHWM")
+    return dict(peak_rss_bytes=hwm if hwm is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+
+
+def free(device: torch.device) -> None:
+    """Drop garbage and hand cached memory back: CUDA's caching allocator, and on CPU glibc's heap (freed
+    memory it keeps would otherwise count in the next arm's resident set size)."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    else:
+        with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to trim
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+# --- one arm --------------------------------------------------------------------------------------
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _run_steps(loop: Loop, batches: list[dict]) -> tuple[list[float], list[torch.Tensor], int]:
+    acc, device = loop.accelerator, loop.accelerator.device
+    clip = float(loop.cfg.trainer.max_grad_norm)
+    seconds, losses, skipped = [], [], 0
+    for batch in batches:
+        _sync(device)
+        tic = time.perf_counter()
+        loss, was_skipped = train_step(acc, loop.model, loop.optimizer, loop.scheduler, batch, clip)
+        _sync(device)
+        seconds.append(time.perf_counter() - tic)
+        losses.append(loss)
+        skipped += int(was_skipped)
+    return seconds, losses, skipped
+
+
+def sweep_batch_sizes(try_size, batch_sizes: list[int], until_oom: bool, max_batch_size: int) -> list[dict]:
+    """Measure each listed batch size in order, then (until_oom) keep doubling the last one up to
+    max_batch_size; stop at the first size that does not fit. try_size(bs) returns a measurement dict,
+    or None when out of memory."""
+    sizes, points = list(batch_sizes), []
+    i = 0
+    while i < len(sizes):
+        point = try_size(sizes[i])
+        if point is None:
+            points.append(dict(batch_size=sizes[i], fits=False))
+            break
+        points.append(dict(batch_size=sizes[i], fits=True, **point))
+        i += 1
+        if i == len(sizes) and until_oom and sizes[-1] * 2 <= max_batch_size:
+            sizes.append(sizes[-1] * 2)
+    return points
+
+
+def _sweep(loop: Loop, sweep: DictConfig, make_batches, seq_len: int) -> list[dict]:
+    """Peak memory per batch size on the arm's own model and optimizer (their states already exist).
+    On CUDA with sweep.until_oom, doubling continues after the listed sizes until out of memory; a CPU
+    does not run out of memory cleanly (it swaps), so only the listed sizes are measured there."""
+    device = loop.accelerator.device
+
+    def try_size(bs: int) -> dict | None:
+        loop.optimizer.zero_grad(set_to_none=True)
+        free(device)
+        reset_peak(device)
+        oom = False
+        try:
+            seconds, _, _ = _run_steps(loop, make_batches(sweep.steps, bs))
+        except torch.cuda.OutOfMemoryError:
+            oom = True
+        if oom:  # outside the except block, so the traceback's tensors are gone before emptying the cache
+            loop.optimizer.zero_grad(set_to_none=True)
+            free(device)
+            log.info("  sweep batch %d: out of memory", bs)
+            return None
+        point = dict(step_seconds=seconds[-1], tokens_per_second=bs * seq_len / seconds[-1], **memory_peak(device))
+        log.info("  sweep batch %d: %s", bs, _fmt_mem(point))
+        return point
+
+    return sweep_batch_sizes(try_size, list(sweep.batch_sizes), device.type == "cuda" and sweep.until_oom,
+                             sweep.max_batch_size)
+
+
+def _fmt_mem(m: dict) -> str:
+    return ", ".join(f"{k.removesuffix('_bytes')}={v / 2**20:.0f} MiB" for k, v in m.items()
+                     if k.endswith("_bytes") and v is not None)
+
+
+def measure_arm(cfg: DictConfig, run_dir: Path, warmup_steps: int, timed_steps: int, seed: int,
+                sweep: DictConfig | None = None) -> dict:
+    """Build one arm, time its steps, measure its memory (and sweep batch sizes); free everything."""
+    loop, _, ran_precision = build(cfg, Path(run_dir))
+    try:
+        acc, device = loop.accelerator, loop.accelerator.device
+        model = acc.unwrap_model(loop.model)
+        bs, seq_len = int(cfg.trainer.batch_size), int(cfg.task.max_length)
+        accepts_types = "token_type_ids" in inspect.signature(model.forward).parameters
+        regression = model.config.problem_type == "regression"
+
+        def make_batches(n: int, batch_size: int) -> list[dict]:
+            return synthetic_batches(n, batch_size, seq_len, model.config.vocab_size, model.config.num_labels,
+                                     seed, device, accepts_types, regression)
+
+        batches = make_batches(warmup_steps + timed_steps, bs)
+        loop.model.train()
+        free(device)
+        after_build = memory_now(device)
+        peak_reset = reset_peak(device)
+        seconds, losses, skipped = _run_steps(loop, batches)
+        peak = memory_peak(device)
+        del batches
+        losses = [float(x) for x in torch.stack(losses).float().cpu()]
+        result = dict(
+            precision=ran_precision,
+            precision_requested=cfg.precision.name.value,
+            attn_implementation=cfg.model.attn_implementation.value,
+            model=cfg.model.name,
+            pretrained=bool(cfg.model.pretrained),
+            batch_size=bs,
+            seq_len=seq_len,
+            device=str(device),
+            warmup_step_seconds=seconds[:warmup_steps],
+            step_seconds=seconds[warmup_steps:],
+            losses=losses,
+            skipped_steps=skipped,
+            loss_scale=acc.scaler.get_scale() if acc.scaler is not None else None,
+            memory_after_build=after_build,
+            memory_peak=peak,
+            peak_window="timed+warmup steps" if peak_reset else "process lifetime (reset not supported)",
+            **model_flops_per_token(model, seq_len),
+        )
+        log.info("  %s: median step %.3f s, %s", cfg.precision.name.value,
+                 sorted(result["step_seconds"])[len(result["step_seconds"]) // 2], _fmt_mem(peak))
+        result["sweep"] = _sweep(loop, sweep, make_batches, seq_len) if sweep is not None else []
+        return result
+    finally:
+        loop.tracker.close()
+        loop.accelerator.free_memory()
+        device = loop.accelerator.device
+        del loop
+        reset_accelerate()
+        free(device)
