@@ -20,55 +20,63 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 
-class Precision(str, Enum):
+class Choice(str, Enum):
+    """A config choice: compares equal to its string and prints as it (so `${precision.name}` in a path
+    reads fp32, not Precision.fp32)."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Precision(Choice):
     fp32 = "fp32"
     tf32 = "tf32"
     fp16 = "fp16"
     bf16 = "bf16"
 
 
-class TaskFamily(str, Enum):
+class TaskFamily(Choice):
     classification = "classification"  # sequence (or sentence-pair) classification
     regression = "regression"  # sequence regression (one output), e.g. STS-B
     token_classification = "token_classification"  # NER: one tag per word (CoNLL files or Hub)
     question_answering = "question_answering"  # extractive QA: SQuAD v1.1 / v2.0 style
 
 
-class TagScheme(str, Enum):
+class TagScheme(Choice):
     IOB1 = "IOB1"
     IOB2 = "IOB2"
 
 
-class SeqevalMode(str, Enum):
+class SeqevalMode(Choice):
     default = "default"  # conlleval's chunking (the same for IOB1 and IOB2)
     strict = "strict"  # seqeval's mode="strict": only chunks well-formed in task.tag_scheme count
 
 
-class AttnImplementation(str, Enum):
+class AttnImplementation(Choice):
     eager = "eager"
     sdpa = "sdpa"
     flash_attention_2 = "flash_attention_2"
 
 
-class OptimImplementation(str, Enum):
+class OptimImplementation(Choice):
     auto = "auto"  # fused on CUDA, foreach elsewhere
     fused = "fused"
     foreach = "foreach"
     loop = "loop"  # plain per-parameter loop, the slowest; for debugging
 
 
-class SchedulerName(str, Enum):
+class SchedulerName(Choice):
     linear = "linear"
     cosine = "cosine"
     constant = "constant"
 
 
-class MetricMode(str, Enum):
+class MetricMode(Choice):
     max = "max"
     min = "min"
 
 
-class LoggerName(str, Enum):
+class LoggerName(Choice):
     tensorboard = "tensorboard"
     wandb = "wandb"
     mlflow = "mlflow"
@@ -144,7 +152,7 @@ class PrecisionConfig:
     max_consecutive_nonfinite: int = 10
 
 
-class Backend(str, Enum):
+class Backend(Choice):
     single = "single"  # one process (CPU or one GPU)
     ddp = "ddp"  # Accelerate multi-process data parallel (MULTI_GPU, or MULTI_CPU with gloo)
     deepspeed = "deepspeed"

@@ -106,3 +106,14 @@ def test_experiment_overrides_groups(compose):
     cfg = compose(["experiment=sst2-bert-base", "precision=bf16"])
     assert (cfg.model.name, cfg.task.name, cfg.precision.name) == ("bert-base", "sst2", "bf16")
     assert cfg.optim.lr == pytest.approx(2e-5)
+
+
+def test_default_run_dir_names_task_model_and_precision():
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = hydra_compose(config_name="finetune", overrides=["model=tiny-bert", "precision=bf16"],
+                            return_hydra_config=True)
+    run_dir = str(cfg.hydra.run.dir)
+    assert run_dir.startswith("runs/demo/tiny-bert-bf16/20"), run_dir  # not "Precision.bf16"
