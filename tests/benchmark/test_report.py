@@ -9,7 +9,7 @@ import pytest
 from PIL import Image
 
 from ampft.benchmark import plots, report, results
-from ampft.benchmark.speed import sweep_batch_sizes
+from ampft.benchmark.speed import is_oom, sweep_batch_sizes
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -193,3 +193,11 @@ def test_sweep_doubles_until_out_of_memory():
         == [8, 16]
     assert [p["batch_size"] for p in sweep_batch_sizes(try_size, [8], until_oom=True, max_batch_size=32)] \
         == [8, 16, 32]
+
+
+def test_out_of_memory_is_recognised():
+    import torch
+
+    assert is_oom(torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    assert is_oom(RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling cublasCreate(handle)"))
+    assert not is_oom(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))

@@ -22,6 +22,7 @@ import torch
 from accelerate import Accelerator
 from omegaconf import DictConfig
 
+from ampft.benchmark.config import BenchmarkConfigError
 from ampft.benchmark.flops import model_flops_per_token
 from ampft.engine import Loop
 from ampft.finetune import build, reset_accelerate
@@ -142,6 +143,12 @@ def _run_steps(loop: Loop, batches: list[dict]) -> tuple[list[float], list[torch
     return seconds, losses, skipped
 
 
+def is_oom(exc: BaseException) -> bool:
+    """CUDA out of memory, whether torch raised OutOfMemoryError or a library (cuBLAS) failed to allocate."""
+    return isinstance(exc, torch.cuda.OutOfMemoryError) or (
+        isinstance(exc, RuntimeError) and ("out of memory" in str(exc) or "ALLOC_FAILED" in str(exc)))
+
+
 def sweep_batch_sizes(try_size, batch_sizes: list[int], until_oom: bool, max_batch_size: int) -> list[dict]:
     """Measure each listed batch size in order, then (until_oom) keep doubling the last one up to
     max_batch_size; stop at the first size that does not fit. try_size(bs) returns a measurement dict,
@@ -173,7 +180,9 @@ def _sweep(loop: Loop, sweep: DictConfig, make_batches, seq_len: int) -> list[di
         oom = False
         try:
             seconds, _, _ = _run_steps(loop, make_batches(sweep.steps, bs))
-        except torch.cuda.OutOfMemoryError:
+        except RuntimeError as exc:
+            if not is_oom(exc):
+                raise
             oom = True
         if oom:  # outside the except block, so the traceback's tensors are gone before emptying the cache
             loop.optimizer.zero_grad(set_to_none=True)
@@ -213,7 +222,14 @@ def measure_arm(cfg: DictConfig, run_dir: Path, warmup_steps: int, timed_steps: 
         free(device)
         after_build = memory_now(device)
         peak_reset = reset_peak(device)
-        seconds, losses, skipped = _run_steps(loop, batches)
+        try:
+            seconds, losses, skipped = _run_steps(loop, batches)
+        except RuntimeError as exc:
+            if not is_oom(exc):
+                raise
+            raise BenchmarkConfigError([
+                f"arm {cfg.precision.name.value} ({cfg.model.name}, batch {bs} x {seq_len}) ran out of memory on "
+                f"{device}: lower benchmark.batch_size (the memory sweep finds the largest that fits)"]) from None
         peak = memory_peak(device)
         del batches
         losses = [float(x) for x in torch.stack(losses).float().cpu()]
