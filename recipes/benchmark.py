@@ -11,7 +11,7 @@ into the run directory (runs/benchmark/<name>/<time>/): report.md, results.json,
 import sys
 from pathlib import Path
 
-# Run as a script, recipes/ is sys.path[0]: recipes/evaluate.py would then shadow the `evaluate` package.
+# Run as a script, recipes/ is sys.path[0]: a recipe named like a library (evaluate.py) would shadow it.
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
 import hydra  # noqa: E402

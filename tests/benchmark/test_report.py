@@ -102,7 +102,9 @@ def test_claims_verdicts_on_a_gpu():
     assert c["tensor-cores-tf32"]["verdict"] == "reproduced"  # 2.0x
     assert c["tensor-cores-bf16"]["verdict"] == "did not reproduce"  # 1.1x
     assert c["tensor-cores-fp16"]["note"] == "more than the claimed 3x"
-    assert c["bf16-stable"]["verdict"] == "reproduced" and "9 overflowing steps skipped" in c["bf16-stable"]["measured"]
+    assert c["bf16-stable-bf16"]["verdict"] == "reproduced"
+    assert c["fp16-scaling-fp16"]["verdict"] == "reproduced"
+    assert "9 overflowing steps skipped" in c["fp16-scaling-fp16"]["measured"]
     assert c["anchor-nvidia"]["verdict"] == "reproduced"  # bert-large, 384, 32: fp16/tf32 = 1.79x
     assert c["anchor-hf"]["verdict"] == "not checked"  # seq 512 batch 4 on a V100 is another setting
 
@@ -120,7 +122,7 @@ def test_cpu_claims_are_not_checked_where_a_cpu_cannot_check_them():
     c = _claims(build_results("cpu", "Intel Xeon"))
     assert c["tensor-cores"]["verdict"] == "not checked" and "Tensor Cores" in c["tensor-cores"]["note"]
     assert c["mp-time-fp16"]["verdict"] == "not checked" and c["mp-memory-fp16"]["verdict"] == "not checked"
-    assert c["bf16-stable"]["verdict"] == "reproduced"  # numerics: checkable on a CPU
+    assert c["bf16-stable-bf16"]["verdict"] == "reproduced"  # numerics: checkable on a CPU
 
 
 def test_report_renders_the_tables_and_says_what_did_not_reproduce():
@@ -201,3 +203,12 @@ def test_out_of_memory_is_recognised():
     assert is_oom(torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
     assert is_oom(RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling cublasCreate(handle)"))
     assert not is_oom(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
+
+
+def test_fp16_without_overflow_leaves_its_need_for_scaling_unchecked():
+    res = build_results()
+    for r in res["accuracy"]["runs"]:
+        r["skipped_steps"] = 0
+    res["accuracy"]["arms"] = results.summarize_accuracy(res["accuracy"]["runs"], ["fp32", "fp16", "bf16"], "fp32")
+    c = _claims(dict(res, claims=None) | {"claims": results.evaluate_claims(res)})
+    assert c["fp16-scaling-fp16"]["verdict"] == "not checked" and "not exercised" in c["fp16-scaling-fp16"]["note"]

@@ -131,7 +131,8 @@ def test_claims_and_csv(smoke):
     claims = {c["id"]: c for c in r["claims"]}
     assert claims["tensor-cores"]["verdict"] == "not checked"  # a CPU
     assert claims["mp-time-bf16"]["verdict"] == "not checked" and "bf16:" in claims["mp-time-bf16"]["measured"]
-    assert claims["bf16-stable"]["verdict"] in {"reproduced", "did not reproduce"}
+    assert claims["bf16-stable-bf16"]["verdict"] in {"reproduced", "did not reproduce"}
+    assert claims["fp16-scaling"]["verdict"] == "not checked"  # no fp16 arm here
     assert all(c["verdict"] in {"reproduced", "did not reproduce", "not checked"} for c in r["claims"])
     rows = list(csv.DictReader((out / "results.csv").open()))
     assert len([x for x in rows if x["quantity"] == "step_seconds" and x["mode"] == "speed"]) == 2 * 3
