@@ -14,6 +14,7 @@ import socket
 from pathlib import Path
 from urllib.parse import urlparse
 
+import torch
 from omegaconf import DictConfig, OmegaConf
 from transformers import (
     AutoConfig,
@@ -26,7 +27,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from ampft.config import TaskFamily
+from ampft.config import AttnImplementation, Precision, TaskFamily
 
 log = logging.getLogger(__name__)
 
@@ -106,12 +107,29 @@ def _model_config(m: DictConfig, tokenizer: PreTrainedTokenizerBase, **task_kwar
     return AutoConfig.for_model(model_type, **arch, **task_kwargs)
 
 
+def attention_implementation(requested: AttnImplementation | str, precision: Precision | str = Precision.fp32,
+                             device: torch.device | None = None) -> str:
+    """model.attn_implementation, with `auto` resolved: FlashAttention-2 where the flash-attn package is
+    installed, the GPU is Ampere or newer and the compute is fp16/bf16 (its kernels take no fp32); it runs
+    padded batches unpadded (variable-length attention). PyTorch's SDPA everywhere else."""
+    requested = AttnImplementation(requested)
+    if requested != AttnImplementation.auto:
+        return requested.value
+    device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if (Precision(precision) in (Precision.fp16, Precision.bf16) and device.type == "cuda"
+            and torch.cuda.get_device_capability(device)[0] >= 8 and importlib.util.find_spec("flash_attn")):
+        return AttnImplementation.flash_attention_2.value
+    return AttnImplementation.sdpa.value
+
+
 def build_model(
     m: DictConfig, tokenizer: PreTrainedTokenizerBase, labels: list[str] | None,
-    family: TaskFamily | str = TaskFamily.classification,
+    family: TaskFamily | str = TaskFamily.classification, precision: Precision | str = Precision.fp32,
+    device: torch.device | None = None,
 ) -> PreTrainedModel:
     """The family's model: sequence classification (labels given) or regression (labels None), token
-    classification (one output per label), or extractive QA (start and end logits)."""
+    classification (one output per label), or extractive QA (start and end logits). The attention
+    implementation in use is `model.config._attn_implementation`."""
     family = TaskFamily(family)
     if family == TaskFamily.question_answering:
         task_kwargs = {}
@@ -126,7 +144,7 @@ def build_model(
             label2id={name: i for i, name in enumerate(labels)},
         )
     config = _model_config(m, tokenizer, **task_kwargs)
-    attn = m.attn_implementation.value
+    attn = attention_implementation(m.attn_implementation, precision, device)
     auto = MODEL_CLASSES[family]
     if m.pretrained:
         path = resolve_path(m.name_or_path)

@@ -153,8 +153,9 @@ def preflight(cfg: DictConfig) -> tuple[list[str], list[str]]:
     if p.name == Precision.fp16:
         if not cuda:
             warnings.append(
-                "precision=fp16 on CPU runs real float16 autocast with a dynamic GradScaler; it is correct "
-                "but ~30x slower than fp32 on CPU. For speed on CPU use precision=bf16."
+                "precision=fp16 on CPU runs real float16 autocast with a dynamic GradScaler: correct, but no "
+                "faster than fp32 even with AVX512-FP16 (0.96x measured, docs/benchmarks/cpu-smoke) and much "
+                "slower without it. For speed on CPU use precision=bf16 (1.47x fp32 there)."
             )
         if p.hysteresis != 1:
             warnings.append(

@@ -100,8 +100,11 @@ def squad_files(tmp_path_factory):
 @pytest.mark.data
 def test_qa_on_squad_trains_and_answers_with_spans_of_the_context(tiny, squad_files, tmp_path):
     train_file, dev_file = squad_files
+    # Random batches: a length-grouped batch's loss swings with its windows' lengths, which blurs a 60-step
+    # curve (measured 4.83 -> 4.05 grouped, with 3.81 in between); test_fast_paths covers QA in length order.
     cfg = tiny("task=squad", f"task.train_file={train_file}", f"task.validation_file={dev_file}",
-               "task.max_length=192", "task.doc_stride=64", "trainer.max_steps=60", "trainer.log_every=10")
+               "task.max_length=192", "task.doc_stride=64", "trainer.max_steps=60", "trainer.log_every=10",
+               "trainer.group_by_length=false")
     summary = run(cfg, tmp_path)
 
     train = _events(tmp_path, "train")
@@ -316,7 +319,7 @@ def test_every_model_config_works_with_every_task_family(compose, model, family_
                 assert tok.add_prefix_space == (family == "token_classification")
             data = prepare_data(cfg, tok, contextlib.nullcontext)
             net = build_model(cfg.model, tok, data.labels, cfg.task.family)
-            train_dl, eval_dl = build_dataloaders(cfg, data, tok, pin_memory=False, model=net)
+            train_dl, eval_dl = build_dataloaders(cfg, data, tok, torch.device("cpu"), model=net)
             batch = next(iter(train_dl))
             if model == "distilbert" or net.config.type_vocab_size < 2:  # no segment embeddings
                 assert "token_type_ids" not in batch

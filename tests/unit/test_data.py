@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import ampft.data
-from ampft.data import EpochLengthGroupedSampler, build_dataloaders, prepare_data
+from ampft.data import LengthGroupedSampler, build_dataloaders, padding, prepare_data
 from ampft.data import demo as demo_module
 from ampft.data.demo import demo_splits
 from ampft.data.load import DataError, encode_labels, file_format, label_names, load_raw
@@ -433,7 +433,7 @@ def test_demo_task_is_cached_too(compose, tmp_path, tokenizer, monkeypatch):
 def _loaders(compose, tmp_path, tokenizer, *overrides):
     cfg = _cfg(compose, tmp_path, "task.max_length=64", "trainer.batch_size=4", *overrides)
     data = prepare_data(cfg, tokenizer, contextlib.nullcontext)
-    return cfg, data, *build_dataloaders(cfg, data, tokenizer, pin_memory=False)
+    return cfg, data, *build_dataloaders(cfg, data, tokenizer, torch.device("cpu"))
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
@@ -462,38 +462,92 @@ def test_dataloader_sizes_and_eval_order(compose, tmp_path, tokenizer):
     _, data, train_dl, eval_dl = _loaders(compose, tmp_path, tokenizer)
     assert train_dl.batch_size == 4 and eval_dl.batch_size == 8  # eval_batch_size null: 2 x batch_size
     assert sum(len(b["labels"]) for b in train_dl) == 24
+    lengths = data.validation["length"]
+    assert lengths == sorted(lengths, reverse=True)  # evaluation in length order, longest first
     labels = torch.cat([b["labels"] for b in eval_dl]).tolist()
-    assert labels == data.validation["labels"]  # evaluation keeps file order
+    assert labels == data.validation["labels"]  # the loader follows the (sorted) split
+    # the same examples as the file; file order without length grouping
+    _, plain, _, plain_dl = _loaders(compose, tmp_path, tokenizer, "trainer.group_by_length=false")
+    assert torch.cat([b["labels"] for b in plain_dl]).tolist() == plain.validation["labels"]
+    pairs = sorted(zip(data.validation["input_ids"], labels, strict=True))
+    assert pairs == sorted(zip(plain.validation["input_ids"], plain.validation["labels"], strict=True))
+    assert data.validation["length"] != plain.validation["length"]
 
 
-def test_group_by_length_sampler_is_reproducible_per_epoch(compose, tmp_path, tokenizer):
-    cfg, data, train_dl, _ = _loaders(compose, tmp_path, tokenizer, "trainer.group_by_length=true")
+def _waste(order: list[int], lengths: list[int], bs: int) -> int:
+    """Padding tokens when `order` is cut into batches of `bs` and each is padded to its longest row."""
+    batches = [order[i:i + bs] for i in range(0, len(order), bs)]
+    return sum(max(lengths[i] for i in b) * len(b) - sum(lengths[i] for i in b) for b in batches)
+
+
+def test_length_grouped_sampler_groups_shuffles_and_is_reproducible():
+    g = torch.Generator().manual_seed(0)
+    lengths = (torch.distributions.LogNormal(2.5, 0.6).sample((1003,)).clamp(3, 128).long()).tolist()  # SST-2-like
+    bs = 16
+    sampler = LengthGroupedSampler(lengths, bs, seed=7, mega_batches=8)
+
+    def order(epoch):
+        sampler.set_epoch(epoch)
+        return list(sampler)
+
+    e0, e1 = order(0), order(1)
+    assert sorted(e0) == sorted(e1) == list(range(1003)) and len(sampler) == 1003
+    assert e0 != e1 and order(0) == e0  # a new order per epoch, the same order for the same epoch
+    assert list(LengthGroupedSampler(lengths, bs, seed=7, mega_batches=8)) == e0  # a resumed run: same order
+    batches = [e0[i:i + bs] for i in range(0, 1003, bs)]
+    assert all(len(b) == bs for b in batches[:-1]) and len(batches[-1]) == 1003 % bs  # the partial batch last
+    assert max(lengths[i] for i in batches[0]) == max(lengths)  # the longest first: an OOM shows at step 1
+    # Batches come shuffled, not in waves of decreasing length.
+    tops = [max(lengths[i] for i in b) for b in batches[1:-1]]
+    assert tops != sorted(tops, reverse=True) and tops != sorted(tops)
+    # Padding nearly vanishes: far less than random batches of the same size.
+    random_order = torch.randperm(1003, generator=g).tolist()
+    assert _waste(e0, lengths, bs) < 0.25 * _waste(random_order, lengths, bs)
+
+
+def test_the_dataloader_follows_the_length_grouped_sampler(compose, tmp_path, tokenizer):
+    cfg, data, train_dl, _ = _loaders(compose, tmp_path, tokenizer)
     sampler = train_dl.sampler
-    assert isinstance(sampler, EpochLengthGroupedSampler)
-
-    def order(s, epoch):
-        s.set_epoch(epoch)
-        return list(s)
-
-    e0, e1 = order(sampler, 0), order(sampler, 1)
-    assert sorted(e0) == sorted(e1) == list(range(24))
-    assert e0 != e1
-    assert order(sampler, 0) == e0 and order(sampler, 1) == e1  # same epoch, same order
-    # A fresh dataloader (a resumed run) gives the same order for the same epoch.
-    fresh = build_dataloaders(cfg, data, tokenizer, pin_memory=False)[0].sampler
-    assert order(fresh, 1) == e1
-    # The longest example is in the first batch (an OOM shows up at once).
-    lengths = data.train["length"]
-    assert max(lengths[i] for i in e0[:4]) == max(lengths)
-    # The dataloader follows the sampler.
+    assert isinstance(sampler, LengthGroupedSampler)
     sampler.set_epoch(1)
+    expected = list(sampler)
     seen = torch.cat([b["labels"] for b in train_dl]).tolist()
-    assert seen == [data.train["labels"][i] for i in e1]
+    assert seen == [data.train["labels"][i] for i in expected]
 
 
 def test_without_group_by_length_the_sampler_is_random(compose, tmp_path, tokenizer):
-    _, _, train_dl, _ = _loaders(compose, tmp_path, tokenizer)
+    _, _, train_dl, _ = _loaders(compose, tmp_path, tokenizer, "trainer.group_by_length=false")
     assert isinstance(train_dl.sampler, torch.utils.data.RandomSampler)
+
+
+@pytest.mark.parametrize(("overrides", "expected"), [
+    ([], dict(padding="longest", max_length=None, pad_to_multiple_of=None)),
+    (["precision=bf16"], dict(padding="longest", max_length=None, pad_to_multiple_of=8)),
+    (["precision=fp16", "trainer.pad_to_multiple_of=16"], dict(padding="longest", max_length=None,
+                                                               pad_to_multiple_of=16)),
+    (["trainer.pad_to_multiple_of=1"], dict(padding="longest", max_length=None, pad_to_multiple_of=None)),
+    # torch.compile: at most compile_buckets lengths (128 / 8 = 16), whatever the precision wants
+    (["trainer.compile=true"], dict(padding="longest", max_length=None, pad_to_multiple_of=16)),
+    (["trainer.compile=true", "trainer.compile_buckets=3", "task.max_length=100"],
+     dict(padding="longest", max_length=None, pad_to_multiple_of=40)),
+    (["trainer.padding=max_length", "precision=bf16"], dict(padding="max_length", max_length=128,
+                                                            pad_to_multiple_of=None)),
+])
+def test_padding_settings(compose, tmp_path, tokenizer, overrides, expected):
+    cfg = _cfg(compose, tmp_path, "task.max_length=128", *overrides)
+    assert padding(cfg, tokenizer) == expected
+
+
+def test_compile_buckets_bound_the_padded_lengths(compose, tmp_path, tokenizer):
+    _, _, train_dl, eval_dl = _loaders(compose, tmp_path, tokenizer, "trainer.compile=true",
+                                       "trainer.compile_buckets=4")
+    widths = {b["input_ids"].shape[1] for dl in (train_dl, eval_dl) for b in dl}
+    assert widths <= {16, 32, 48, 64}
+
+
+def test_padding_to_max_length_pads_every_batch(compose, tmp_path, tokenizer):
+    _, _, train_dl, eval_dl = _loaders(compose, tmp_path, tokenizer, "trainer.padding=max_length")
+    assert {b["input_ids"].shape[1] for dl in (train_dl, eval_dl) for b in dl} == {64}
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -6,8 +6,16 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
-from ampft.models import ModelLoadError, _model_config, build_model, load_tokenizer, resolve_path
+from ampft.models import (
+    ModelLoadError,
+    _model_config,
+    attention_implementation,
+    build_model,
+    load_tokenizer,
+    resolve_path,
+)
 
 
 def test_pkg_path_resolves_to_the_installed_wheel():
@@ -61,3 +69,33 @@ def test_regression_head(compose):
     cfg = compose(["model=tiny-bert"])
     model = build_model(cfg.model, load_tokenizer(cfg.model), None)
     assert model.config.num_labels == 1 and model.config.problem_type == "regression"
+
+
+def test_attention_auto_is_sdpa_on_cpu_and_explicit_choices_stay(compose):
+    assert attention_implementation("auto", "bf16", torch.device("cpu")) == "sdpa"
+    assert attention_implementation("eager", "bf16", torch.device("cpu")) == "eager"
+    cfg = compose(["model=tiny-bert"])
+    assert cfg.model.attn_implementation == "auto"
+    model = build_model(cfg.model, load_tokenizer(cfg.model), ["a", "b"], precision="bf16")
+    assert model.config._attn_implementation == "sdpa"
+
+
+@pytest.mark.parametrize(("precision", "capability", "installed", "expected"), [
+    ("bf16", (9, 0), True, "flash_attention_2"),  # Hopper, half precision, flash-attn present
+    ("fp16", (8, 0), True, "flash_attention_2"),
+    ("fp32", (9, 0), True, "sdpa"),  # FlashAttention kernels take no fp32
+    ("tf32", (9, 0), True, "sdpa"),
+    ("bf16", (7, 0), True, "sdpa"),  # V100: no FlashAttention-2
+    ("bf16", (9, 0), False, "sdpa"),  # not installed
+])
+def test_attention_auto_picks_flash_attention_where_it_runs(monkeypatch, precision, capability, installed,
+                                                             expected):
+    import importlib.util
+
+    import ampft.models
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    real = importlib.util.find_spec
+    monkeypatch.setattr(ampft.models.importlib.util, "find_spec",
+                        lambda name, *a: (object() if installed else None) if name == "flash_attn" else real(name, *a))
+    assert attention_implementation("auto", precision, torch.device("cuda", 0)) == expected

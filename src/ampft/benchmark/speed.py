@@ -236,7 +236,7 @@ def measure_arm(cfg: DictConfig, run_dir: Path, warmup_steps: int, timed_steps: 
         result = dict(
             precision=ran_precision,
             precision_requested=cfg.precision.name.value,
-            attn_implementation=cfg.model.attn_implementation.value,
+            attn_implementation=model.config._attn_implementation,
             model=cfg.model.name,
             pretrained=bool(cfg.model.pretrained),
             batch_size=bs,

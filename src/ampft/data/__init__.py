@@ -2,8 +2,12 @@
 
 What differs per family (file formats, labels, features, collator) is asked of `ampft.tasks.family_for`.
 Tokenization runs once per (tokenizer, task, length and family settings, data) and is kept on disk under
-`cfg.cache_dir`; a second run of the same recipe loads it in well under a second. Batches are padded
-dynamically (to a multiple of 8 under mixed precision, for Tensor Core shapes).
+`cfg.cache_dir`; a second run of the same recipe loads it in well under a second.
+
+Fast paths (trainer group; each can be switched off): batches padded dynamically to their longest row
+(rounded up to a multiple of 8 under mixed precision, for Tensor Core shapes; to one of
+`trainer.compile_buckets` lengths under torch.compile), training batches grouped by length
+(`LengthGroupedSampler`), and validation splits evaluated in length order.
 """
 
 from __future__ import annotations
@@ -12,24 +16,26 @@ import hashlib
 import inspect
 import json
 import logging
+import math
 import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 from datasets import Dataset, DatasetDict, load_from_disk
 from omegaconf import DictConfig
-from torch.utils.data import DataLoader, RandomSampler
+from torch.utils.data import DataLoader, RandomSampler, Sampler
 from transformers import PreTrainedTokenizerBase
-from transformers.trainer_pt_utils import LengthGroupedSampler
 
-from ampft.config import Precision, TaskFamily, cache_root
+from ampft.config import Padding, Precision, TaskFamily, cache_root
 from ampft.data import demo
 from ampft.data.load import DataError
 from ampft.tasks import family_for
 
-__all__ = ["DataError", "TaskData", "prepare_data", "build_dataloaders", "eval_dataloader"]
+__all__ = ["DataError", "TaskData", "LengthGroupedSampler", "prepare_data", "build_dataloaders", "eval_dataloader",
+           "padding", "num_workers"]
 
 log = logging.getLogger(__name__)
 
@@ -81,20 +87,57 @@ def prepare_data(cfg: DictConfig, tokenizer: PreTrainedTokenizerBase, main_proce
                 shutil.rmtree(tmp, ignore_errors=True)
             log.info("tokenized %s cached at %s", task.name, path)
         tokenized = load_from_disk(str(path))
-    extra = {s: tokenized[s] for s in raw if s not in ("train", "validation")}
-    return TaskData(tokenized["train"], tokenized["validation"], labels, path, extra,
-                    examples={s: raw[s] for s in raw if s != "train"})
+    features = {s: tokenized[s] for s in raw if s != "train"}
+    examples = {s: raw[s] for s in raw if s != "train"}
+    if cfg.trainer.group_by_length:  # evaluate in length order: little padding in the larger eval batches
+        aligned = family_for(task.family).one_feature_per_example
+        for s, ds in features.items():
+            order = length_order(ds["length"][:])
+            features[s] = ds.select(order)
+            if aligned:  # features[i] scores against examples[i] (QA matches windows by example id instead)
+                examples[s] = examples[s].select(order)
+    extra = {s: ds for s, ds in features.items() if s != "validation"}
+    return TaskData(tokenized["train"], features["validation"], labels, path, extra, examples=examples)
 
 
-class EpochLengthGroupedSampler(LengthGroupedSampler):
-    """transformers' length-grouped sampler, reseeded per epoch so that data order is reproducible."""
+def length_order(lengths: list[int]) -> list[int]:
+    """Indices longest first (an out-of-memory batch shows up at once), ties in file order."""
+    return np.argsort(-np.asarray(lengths), kind="stable").tolist()
 
-    def __init__(self, batch_size: int, lengths: list[int], seed: int):
-        super().__init__(batch_size, lengths=lengths, generator=torch.Generator().manual_seed(seed))
-        self.seed = seed
+
+class LengthGroupedSampler(Sampler[int]):
+    """Random batches of similar lengths, reproducible per epoch (`set_epoch`).
+
+    Shuffle, cut into mega-batches of `mega_batches` batches, sort each by length, cut into batches, then
+    shuffle the batches so that lengths do not come in waves. The batch holding the longest example goes
+    first (an out-of-memory error shows up at step 1, not hours in); the one partial batch, if any, goes
+    last, so the DataLoader's fixed-size chunks of this order are exactly these batches.
+    """
+
+    def __init__(self, lengths: list[int], batch_size: int, seed: int, mega_batches: int = 50):
+        self.lengths, self.batch_size, self.seed, self.mega = list(lengths), batch_size, seed, mega_batches
+        self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
-        self.generator.manual_seed(self.seed + epoch)
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __iter__(self):
+        g = torch.Generator().manual_seed(self.seed + self.epoch)
+        perm, bs, span = torch.randperm(len(self.lengths), generator=g).tolist(), self.batch_size, self.batch_size * self.mega
+        batches = []
+        for start in range(0, len(perm), span):
+            group = sorted(perm[start:start + span], key=self.lengths.__getitem__, reverse=True)
+            batches += [group[i:i + bs] for i in range(0, len(group), bs)]
+        partial = [batches.pop()] if batches and len(batches[-1]) < bs else []
+        if batches:
+            batches = [batches[i] for i in torch.randperm(len(batches), generator=g).tolist()]
+            first = max(range(len(batches)), key=lambda i: self.lengths[batches[i][0]])
+            batches.insert(0, batches.pop(first))
+        for batch in batches + partial:
+            yield from batch
 
 
 def model_columns(candidates: tuple[str, ...], available: list[str], model=None) -> list[str]:
@@ -110,35 +153,67 @@ def model_columns(candidates: tuple[str, ...], available: list[str], model=None)
     return columns
 
 
+def padding(cfg: DictConfig, tokenizer: PreTrainedTokenizerBase) -> dict:
+    """The collators' padding arguments (DataCollatorWithPadding's `padding`, `max_length`, `pad_to_multiple_of`).
+
+    Dynamic padding rounds each batch up to a multiple: trainer.pad_to_multiple_of, else 8 under fp16/bf16
+    (Tensor Core shapes). Under torch.compile the multiple is task.max_length / trainer.compile_buckets (a
+    multiple of 8), so there are at most that many sequence lengths and as many compilations. Left-padding
+    tokenizers get no rounding: their NER/QA features are padded to task.max_length at tokenization."""
+    tr, max_length = cfg.trainer, cfg.task.max_length
+    if tr.padding == Padding.max_length:
+        return dict(padding="max_length", max_length=max_length, pad_to_multiple_of=None)
+    multiple = tr.pad_to_multiple_of or (8 if cfg.precision.name in (Precision.fp16, Precision.bf16) else 1)
+    if tr.compile:
+        multiple = max(multiple, 8 * math.ceil(max_length / tr.compile_buckets / 8))
+    if tokenizer.padding_side != "right" or multiple == 1:
+        multiple = None
+    return dict(padding="longest", max_length=None, pad_to_multiple_of=multiple)
+
+
+def num_workers(cfg: DictConfig, device: torch.device) -> int:
+    """trainer.num_workers, or (null) 2 on CUDA, where collating next batches overlaps GPU work, and 0 on CPU,
+    where the cores that would collate are the ones training."""
+    if cfg.trainer.num_workers is not None:
+        return cfg.trainer.num_workers
+    return 2 if device.type == "cuda" else 0
+
+
 def _loader_parts(cfg: DictConfig, data: TaskData, tokenizer: PreTrainedTokenizerBase, model):
     family = family_for(cfg.task.family)
-    mixed = cfg.precision.name in (Precision.fp16, Precision.bf16)
-    return family.collator(tokenizer, mixed), model_columns(family.model_inputs, data.train.column_names, model)
+    return (family.collator(tokenizer, **padding(cfg, tokenizer)),
+            model_columns(family.model_inputs, data.train.column_names, model))
+
+
+def _loader_kwargs(cfg: DictConfig, device: torch.device) -> dict:
+    workers = num_workers(cfg, device)
+    return dict(num_workers=workers, pin_memory=device.type == "cuda", persistent_workers=workers > 0,
+                generator=torch.Generator().manual_seed(cfg.trainer.seed))
 
 
 def eval_dataloader(cfg: DictConfig, data: TaskData, dataset: Dataset, tokenizer: PreTrainedTokenizerBase,
-                    pin_memory: bool, model=None) -> DataLoader:
-    """A validation split's loader: file order, model inputs only (NER/QA keep word_ids, offsets in `dataset`)."""
+                    device: torch.device, model=None) -> DataLoader:
+    """A validation split's loader, in the split's order (length order under trainer.group_by_length, see
+    `prepare_data`); model inputs only (NER/QA keep word_ids, offsets in `dataset`)."""
     collate, columns = _loader_parts(cfg, data, tokenizer, model)
     tr = cfg.trainer
     return DataLoader(dataset.select_columns(columns), batch_size=tr.eval_batch_size or 2 * tr.batch_size,
-                      generator=torch.Generator().manual_seed(tr.seed), collate_fn=collate,
-                      num_workers=tr.num_workers, pin_memory=pin_memory)
+                      collate_fn=collate, **_loader_kwargs(cfg, device))
 
 
 def build_dataloaders(cfg: DictConfig, data: TaskData, tokenizer: PreTrainedTokenizerBase,
-                      pin_memory: bool, model=None) -> tuple[DataLoader, DataLoader]:
-    """Train and validation loaders; `model` (optional) drops the columns its forward does not take."""
+                      device: torch.device, model=None) -> tuple[DataLoader, DataLoader]:
+    """Train and validation loaders for `device` (pinned memory and workers on CUDA); `model` (optional)
+    drops the columns its forward does not take."""
     tr = cfg.trainer
     collate, columns = _loader_parts(cfg, data, tokenizer, model)
     train = data.train.select_columns(columns)
     if tr.group_by_length:
-        sampler = EpochLengthGroupedSampler(tr.batch_size, data.train["length"][:], tr.seed)
+        sampler = LengthGroupedSampler(data.train["length"][:], tr.batch_size, tr.seed)
     else:
         sampler = RandomSampler(train)  # Accelerate turns it into a seedable sampler (set_epoch)
     # Own generators: creating an iterator must not draw from the global RNG, or a resumed run's dropout
     # masks (restored RNG state, then a fresh iterator) would differ from the uninterrupted run's.
     train_dl = DataLoader(train, batch_size=tr.batch_size, sampler=sampler, collate_fn=collate,
-                          generator=torch.Generator().manual_seed(tr.seed), num_workers=tr.num_workers,
-                          pin_memory=pin_memory)
-    return train_dl, eval_dataloader(cfg, data, data.validation, tokenizer, pin_memory, model)
+                          **_loader_kwargs(cfg, device))
+    return train_dl, eval_dataloader(cfg, data, data.validation, tokenizer, device, model)

@@ -17,7 +17,7 @@ from transformers import AutoConfig, AutoTokenizer
 
 from ampft import checkpointing, precision, tasks
 from ampft.config import FinetuneConfig, TaskFamily
-from ampft.data import build_dataloaders, eval_dataloader, prepare_data
+from ampft.data import eval_dataloader, prepare_data
 from ampft.models import MODEL_CLASSES
 
 log = logging.getLogger(__name__)
@@ -87,9 +87,8 @@ def evaluate_saved(e: DictConfig) -> dict[str, Any]:
     else:
         model = auto.from_config(model_config)
         model.load_state_dict(load_file(weights / "model.safetensors"), strict=False)
-    pin = accelerator.device.type == "cuda"
-    _, eval_dl = build_dataloaders(cfg, data, tokenizer, pin_memory=pin, model=model)
-    extra_dls = [eval_dataloader(cfg, data, ds, tokenizer, pin, model) for ds in data.extra.values()]
+    eval_dl, *extra_dls = [eval_dataloader(cfg, data, ds, tokenizer, accelerator.device, model)
+                           for ds in (data.validation, *data.extra.values())]
     model, eval_dl, *extra_dls = accelerator.prepare(model, eval_dl, *extra_dls)
     name = e.name or (Path(e.file).stem if e.file else e.split)
     started = time.perf_counter()

@@ -24,7 +24,7 @@ from accelerate import Accelerator
 from datasets import Dataset, DatasetDict
 from omegaconf import DictConfig
 from torch.utils.data import DataLoader
-from transformers import PreTrainedTokenizerBase
+from transformers import DataCollatorWithPadding, PreTrainedTokenizerBase
 
 from ampft.config import TaskFamily
 
@@ -38,6 +38,8 @@ class Family:
     files: str = "csv, tsv, json, jsonl or parquet"
     #: the Hugging Face pipeline that runs an exported model
     pipeline_tag: str = "text-classification"
+    #: validation feature i belongs to example i (false for QA: an example may span several windows)
+    one_feature_per_example: bool = True
 
     def check_file(self, path: str) -> None:
         """Raise ValueError naming the file and what would work when it is not in a format read here."""
@@ -60,9 +62,11 @@ class Family:
         """Model features per split; a `length` column (tokens) for the length-grouped sampler."""
         raise NotImplementedError
 
-    def collator(self, tokenizer: PreTrainedTokenizerBase, mixed_precision: bool):
-        """Dynamic padding (to a multiple of 8 under mixed precision, for Tensor Core shapes)."""
-        raise NotImplementedError
+    def collator(self, tokenizer: PreTrainedTokenizerBase, padding: str = "longest", max_length: int | None = None,
+                 pad_to_multiple_of: int | None = None):
+        """Batches padded as `ampft.data.padding` says."""
+        return DataCollatorWithPadding(tokenizer, padding=padding, max_length=max_length,
+                                       pad_to_multiple_of=pad_to_multiple_of)
 
     def evaluate(self, accelerator: Accelerator, model, dataloader: DataLoader, features: Dataset,
                  examples: Dataset, task: DictConfig, labels: list[str] | None,
@@ -85,12 +89,6 @@ def family_for(family: TaskFamily | str) -> Family:
     from ampft.tasks.question_answering import QuestionAnswering
 
     return QuestionAnswering()
-
-
-def pad_to_multiple_of(tokenizer: PreTrainedTokenizerBase, mixed_precision: bool) -> int | None:
-    """8 under mixed precision (Tensor Core shapes), except for left padding: the NER and QA features are
-    padded to max_length already there, and more padding on the left would shift their token positions."""
-    return 8 if mixed_precision and tokenizer.padding_side == "right" else None
 
 
 def evaluate(accelerator: Accelerator, model, data, dataloaders: dict[str, DataLoader], task: DictConfig,

@@ -10,7 +10,7 @@ from accelerate import Accelerator
 from datasets import Dataset, DatasetDict
 from omegaconf import DictConfig
 from torch.utils.data import DataLoader
-from transformers import DataCollatorWithPadding, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 
 from ampft.data.load import encode_labels, file_format, label_names, load_raw
 from ampft.evaluation import evaluate_model
@@ -41,9 +41,6 @@ class Classification(Family):
             {s: ds.map(fn, batched=True, remove_columns=[c for c in ds.column_names if c not in keep],
                        desc=f"tokenizing {s}") for s, ds in raw.items()}
         )
-
-    def collator(self, tokenizer: PreTrainedTokenizerBase, mixed_precision: bool):
-        return DataCollatorWithPadding(tokenizer, pad_to_multiple_of=8 if mixed_precision else None)
 
     def evaluate(self, accelerator: Accelerator, model, dataloader: DataLoader, features: Dataset,
                  examples: Dataset, task: DictConfig, labels: list[str] | None,

@@ -18,10 +18,10 @@ from accelerate import Accelerator
 from datasets import Dataset, DatasetDict
 from omegaconf import DictConfig
 from torch.utils.data import DataLoader
-from transformers import DataCollatorWithPadding, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 
 from ampft.data.load import DataError, load_splits, split_key
-from ampft.tasks import Family, pad_to_multiple_of, qa
+from ampft.tasks import Family, qa
 
 COLUMNS = ["id", "question", "context", "answers"]
 NEG = -1e4  # logits of positions past a feature (padding across ranks); never inside its context
@@ -31,6 +31,7 @@ class QuestionAnswering(Family):
     model_inputs = ("input_ids", "attention_mask", "token_type_ids", "start_positions", "end_positions")
     files = 'SQuAD JSON: .json with a top-level "data" list of articles'
     pipeline_tag = "question-answering"
+    one_feature_per_example = False
 
     def check_file(self, path: str) -> None:
         ext = Path(path).suffix.lower()
@@ -85,9 +86,6 @@ class QuestionAnswering(Family):
         return DatasetDict({s: ds.map(train if s == "train" else evaluation, batched=True,
                                       remove_columns=ds.column_names, desc=f"tokenizing {s}")
                             for s, ds in raw.items()})
-
-    def collator(self, tokenizer: PreTrainedTokenizerBase, mixed_precision: bool):
-        return DataCollatorWithPadding(tokenizer, pad_to_multiple_of=pad_to_multiple_of(tokenizer, mixed_precision))
 
     @torch.inference_mode()
     def evaluate(self, accelerator: Accelerator, model, dataloader: DataLoader, features: Dataset,

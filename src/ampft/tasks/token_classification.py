@@ -21,7 +21,7 @@ from transformers import AutoTokenizer, DataCollatorForTokenClassification, PreT
 
 from ampft.config import SeqevalMode, TagScheme
 from ampft.data.load import DataError, load_splits, split_key
-from ampft.tasks import Family, ner, pad_to_multiple_of
+from ampft.tasks import Family, ner
 
 log = logging.getLogger(__name__)
 
@@ -86,10 +86,11 @@ class TokenClassification(Family):
         return DatasetDict({s: ds.map(fn, batched=True, remove_columns=ds.column_names, desc=f"tokenizing {s}")
                             for s, ds in raw.items()})
 
-    def collator(self, tokenizer: PreTrainedTokenizerBase, mixed_precision: bool):
+    def collator(self, tokenizer: PreTrainedTokenizerBase, padding: str = "longest", max_length: int | None = None,
+                 pad_to_multiple_of: int | None = None):
         # Pads `labels` with -100 (no loss); `word_ids` stays out of the batch (not a model input).
-        return DataCollatorForTokenClassification(tokenizer, pad_to_multiple_of=pad_to_multiple_of(tokenizer,
-                                                                                                    mixed_precision))
+        return DataCollatorForTokenClassification(tokenizer, padding=padding, max_length=max_length,
+                                                  pad_to_multiple_of=pad_to_multiple_of)
 
     @torch.inference_mode()
     def evaluate(self, accelerator: Accelerator, model, dataloader: DataLoader, features: Dataset,
