@@ -38,9 +38,12 @@ test-distributed:  ## multi-process launches on CPU: two gloo ranks, DeepSpeed Z
 lint:  ## ruff
 	$(PYTHON) -m ruff check src recipes tests
 
-.PHONY: benchmark benchmark-gpu
+.PHONY: benchmark benchmark-gpu benchmark-peer
 benchmark:  ## precision A/B benchmark (default benchmark=cpu-smoke, minutes on a CPU): report.md, results.json/csv, PNGs
 	$(PYTHON) recipes/benchmark.py $(OVERRIDES)
+
+benchmark-peer:  ## ampft vs the plain HF Trainer (run_glue-style) on SST-2, same model/data/hparams; fast paths ablated
+	$(PYTHON) recipes/peer.py $(OVERRIDES)
 
 benchmark-gpu:  ## the GPU table: BERT-large seq 384 batch 32, fp32/tf32/fp16/bf16, eager vs SDPA (one GPU, < 8 min)
 	$(PYTHON) recipes/benchmark.py benchmark=bert-large-seq384 $(OVERRIDES)

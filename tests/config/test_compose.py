@@ -9,9 +9,9 @@ from omegaconf.errors import ConfigKeyError, ValidationError
 from ampft.config import ConfigError, validate
 from tests.conftest import CONF
 
-# The finetune recipe's groups; conf/evaluate and conf/benchmark belong to the other recipes,
+# The finetune recipe's groups; conf/evaluate, conf/benchmark and conf/peer belong to the other recipes,
 # conf/accelerate to `accelerate launch`.
-OTHER_RECIPES = ("evaluate", "benchmark", "accelerate")  # accelerate: launcher files
+OTHER_RECIPES = ("evaluate", "benchmark", "peer", "accelerate")  # accelerate: launcher files
 GROUP_FILES = sorted(p for p in CONF.rglob("*.yaml")
                      if p.parent != CONF and p.relative_to(CONF).parts[0] not in OTHER_RECIPES)
 

@@ -94,11 +94,12 @@ def _busy_seconds() -> float | None:
 
 class OtherLoad:
     """The share of the machine's CPU capacity that other processes used while a block ran: 0 on a quiet
-    machine; 0.5 on 2 cores means another process kept one core busy (timings are then unreliable)."""
+    machine; 0.5 on 2 cores means another process kept one core busy (timings are then unreliable). This
+    process's own children that finished inside the block (a benchmark arm run as a subprocess) count as own."""
 
     def __enter__(self) -> OtherLoad:
         self.share: float | None = None
-        self._t, self._busy, self._own = time.monotonic(), _busy_seconds(), sum(os.times()[:2])
+        self._t, self._busy, self._own = time.monotonic(), _busy_seconds(), sum(os.times()[:4])
         return self
 
     def __exit__(self, *exc) -> None:
@@ -106,5 +107,5 @@ class OtherLoad:
         elapsed = time.monotonic() - self._t
         if busy is None or self._busy is None or elapsed <= 0:
             return
-        other = (busy - self._busy) - (sum(os.times()[:2]) - self._own)
+        other = (busy - self._busy) - (sum(os.times()[:4]) - self._own)
         self.share = round(min(max(other / (elapsed * (os.cpu_count() or 1)), 0.0), 1.0), 3)

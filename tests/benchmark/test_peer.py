@@ -1,0 +1,142 @@
+"""`make benchmark-peer`: the configs are fair by construction (every arm the same model, data and
+hyper-parameters), bad configs name every problem, the FLOPs count matches a hand count, the report says
+when a target is missed, and a real run of a Trainer arm and an ampft arm writes plausible results."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from ampft.benchmark import BenchmarkConfigError
+from ampft.benchmark.peer import check, run_peer, summarize, useful_flops, write_report
+from tests.conftest import CONF, shared
+
+PEER_CONFIGS = sorted(p.stem for p in (CONF / "peer").glob("*.yaml"))
+# What an arm may change: the fast paths (these, optim.implementation, model.attn_implementation).
+# Everything else must be the same for every arm.
+FAST_PATH_KEYS = {"padding", "group_by_length", "pad_to_multiple_of", "compile", "compile_buckets", "num_workers"}
+
+
+def compose_peer(overrides: list[str]):
+    from hydra import compose, initialize_config_dir
+
+    import ampft.benchmark.peer  # noqa: F401  (registers peer_recipe)
+
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose(config_name="peer_recipe", overrides=overrides).peer
+
+
+@pytest.mark.parametrize("name", PEER_CONFIGS)
+def test_peer_config_arms_differ_only_by_fast_paths(name):
+    shared("sst2")
+    p = compose_peer([f"peer={name}"])
+    cfgs = check(p)
+    assert set(cfgs) == {a.name for a in p.arms}
+    runners = {a.runner for a in p.arms}
+    assert runners == {"trainer", "ampft"}
+    first = OmegaConf.to_container(next(iter(cfgs.values())), resolve=True)
+    for arm, cfg in cfgs.items():
+        c = OmegaConf.to_container(cfg, resolve=True)
+        for group in ("task", "scheduler", "precision", "checkpoint", "distributed"):
+            assert c[group] == first[group], (arm, group)
+        assert {k: v for k, v in c["optim"].items() if k != "implementation"} == \
+            {k: v for k, v in first["optim"].items() if k != "implementation"}, arm
+        assert {k: v for k, v in c["trainer"].items() if k not in FAST_PATH_KEYS} == \
+            {k: v for k, v in first["trainer"].items() if k not in FAST_PATH_KEYS}, arm
+        assert {k: v for k, v in c["model"].items() if k != "attn_implementation"} == \
+            {k: v for k, v in first["model"].items() if k != "attn_implementation"}, arm
+    for t in p.targets:
+        assert t.arm in cfgs and t.over in cfgs
+
+
+def test_bad_peer_config_names_every_problem():
+    p = compose_peer(['peer.arms=[{name: a, runner: ampft, overrides: ["trainer.nonsense=1"]},'
+                      '{name: a, runner: trainer, overrides: ["task=conll2003", "task.train_file=x.txt",'
+                      '"task.validation_file=x.txt"]}]',
+                      "peer.targets=[{arm: a, over: b, min_ratio: 0}]", "peer.seeds=[1,1]"])
+    with pytest.raises(BenchmarkConfigError) as err:
+        check(p)
+    msg = str(err.value)
+    for needle in ("duplicate names ['a']", "peer.seeds=[1, 1]", "a over b: both must be arms",
+                   "min_ratio=0.0: must be > 0", "trainer.nonsense", "sequence classification only"):
+        assert needle in msg, needle
+
+
+def test_useful_flops_is_the_hand_count():
+    from transformers import BertConfig, BertForSequenceClassification
+
+    model = BertForSequenceClassification(BertConfig(vocab_size=50, hidden_size=8, num_hidden_layers=2,
+                                                     num_attention_heads=2, intermediate_size=16,
+                                                     max_position_embeddings=32, type_vocab_size=2))
+    h, i, layers = 8, 16, 2
+    per_layer = 4 * (h * h + h) + (h * i + i) + (i * h + h) + 2 * 2 * h  # q,k,v,o + ffn + 2 LayerNorms
+    n = layers * per_layer + 2 * h + (h * h + h) + (h * 2 + 2)  # + embedding LayerNorm, pooler, classifier
+    lengths = [3, 5]
+    expected = sum(6 * n * s + 12 * layers * h * s * s for s in lengths) * 2.0
+    assert useful_flops(model, lengths, epochs=2.0) == expected
+
+
+def _run(arm: str, sps: float, metric: float, load: float = 0.0) -> dict:
+    return dict(arm=arm, samples_per_second=sps, tokens_per_second=sps * 10, train_seconds=100 / sps,
+                wall_seconds=100 / sps + 5, setup_seconds=2.0, eval={"accuracy": metric}, steps=10, epochs=1.0,
+                peak_memory_bytes=2**30, peak_memory_kind="cpu_peak_rss", model_tflops=0.05, precision="fp32",
+                attn_implementation="sdpa", train_examples=320, other_load=load)
+
+
+def test_report_states_missed_targets_and_accuracy_gaps(tmp_path):
+    p = compose_peer(['peer.overrides=["model=tiny-bert"]',
+                      'peer.arms=[{name: trainer, runner: trainer, overrides: ["trainer.padding=max_length"]},'
+                      '{name: ampft, runner: ampft},'
+                      '{name: ampft-random, runner: ampft, overrides: ["trainer.group_by_length=false"]}]',
+                      "peer.targets=[{arm: ampft, over: trainer, min_ratio: 3}, "
+                      "{arm: ampft-random, over: trainer, min_ratio: 3}]",
+                      "peer.accuracy_reference=[trainer]"])
+    cfgs = check(p)
+    runs = [_run("trainer", 10.0, 0.850), _run("ampft", 40.0, 0.853), _run("ampft-random", 20.0, 0.830, load=0.4)]
+    env = dict(date="today", device_type="cpu", device_name="a CPU", cpu_count=2, torch_threads=2, torch="t",
+               transformers="tf", accelerate="a", python="3")
+    results = summarize(p, cfgs, runs, env, "python recipes/peer.py")
+    assert results["arms"]["ampft"]["speedup"] == {"trainer": 4.0}
+    assert results["arms"]["ampft"]["metric"] == pytest.approx(85.3)  # accuracy in points
+    assert [(t["arm"], t["met"]) for t in results["targets"]] == [("ampft", True), ("ampft-random", False)]
+    within = {a["arm"]: a["within"] for a in results["accuracy"]}
+    assert within == {"ampft": True, "ampft-random": False}
+    md = write_report(results, tmp_path).read_text()
+    assert "measured 4.00x, **met**" in md and "measured 2.00x, **NOT met**" in md
+    assert "ampft-random accuracy within 1 point(s) of trainer: -2.00, **NO**" in md
+    assert "**Warning**" in md and "ampft-random 40%" in md
+    assert "- trainer.group_by_length=false: 0.50x the samples/s" in md
+    assert "| ampft | ampft | (defaults) | 40.0 |" in md
+
+
+@pytest.mark.slow
+def test_trainer_and_ampft_arms_run_for_real(tmp_path):
+    train, dev = shared("sst2", "train_first1000.tsv"), shared("sst2", "dev.tsv")
+    common = ["model=tiny-bert", "task=sst2", f"task.train_file={train}", f"task.validation_file={dev}",
+              "task.max_train_samples=96", "task.max_eval_samples=51", "task.max_length=64", "trainer.batch_size=16",
+              "trainer.epochs=1", "optim.lr=1e-3", "trainer.cpu=true", "logging=none", "trainer.progress_bar=false",
+              "checkpoint.export=false"]
+    p = compose_peer(["peer.overrides=[" + ",".join(f'"{o}"' for o in common) + "]",
+                      'peer.arms=[{name: trainer, runner: trainer, overrides: ["trainer.padding=max_length",'
+                      '"trainer.group_by_length=false"]}, {name: ampft, runner: ampft}]',
+                      "peer.targets=[{arm: ampft, over: trainer, min_ratio: 1}]", "peer.accuracy_reference=[trainer]"])
+    path = run_peer(p, tmp_path, command="test")
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert path == tmp_path / "report.md" and "| trainer | trainer |" in path.read_text()
+    for name, a in results["arms"].items():
+        assert a["steps"] == 6 and a["train_examples"] == 96, name  # 96 examples / batch 16, both runners
+        for key in ("samples_per_second", "tokens_per_second", "train_seconds", "wall_seconds", "model_tflops",
+                    "peak_memory_bytes"):
+            assert math.isfinite(a[key]) and a[key] > 0, (name, key)
+        assert a["train_seconds"] < a["wall_seconds"]
+        assert 0 <= a["metric"] <= 100 and a["attn_implementation"] == "sdpa"
+    # Both count the same non-padding tokens: tokens/s over samples/s is the mean length for both.
+    per_sample = {n: a["tokens_per_second"] / a["samples_per_second"] for n, a in results["arms"].items()}
+    assert per_sample["trainer"] == pytest.approx(per_sample["ampft"], rel=0.02)
+    assert results["arms"]["trainer"]["padding"] == "max_length"
+    assert (tmp_path / "ampft-seed42" / "run" / "summary.json").is_file()
+    assert torch.tensor([r["eval"]["loss"] for r in results["runs"]]).isfinite().all()
