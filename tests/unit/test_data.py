@@ -515,6 +515,16 @@ def test_the_dataloader_follows_the_length_grouped_sampler(compose, tmp_path, to
     assert seen == [data.train["labels"][i] for i in expected]
 
 
+def test_length_groups_are_global_batches(compose, tmp_path, tokenizer):
+    # Two ranks with batch 4 get, step by step, the examples one process with batch 8 gets: Accelerate deals
+    # consecutive loader batches to the ranks in turn, so the sampler groups by the global batch.
+    cfg, data, one, _ = _loaders(compose, tmp_path, tokenizer, "trainer.batch_size=8")
+    cfg2 = _cfg(compose, tmp_path, "task.max_length=64", "trainer.batch_size=4")
+    two = build_dataloaders(cfg2, data, tokenizer, torch.device("cpu"), num_processes=2)[0]
+    assert list(one.sampler) == list(two.sampler)
+    assert [len(b["labels"]) for b in two][:2] == [4, 4]
+
+
 def test_without_group_by_length_the_sampler_is_random(compose, tmp_path, tokenizer):
     _, _, train_dl, _ = _loaders(compose, tmp_path, tokenizer, "trainer.group_by_length=false")
     assert isinstance(train_dl.sampler, torch.utils.data.RandomSampler)

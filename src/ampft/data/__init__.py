@@ -202,14 +202,18 @@ def eval_dataloader(cfg: DictConfig, data: TaskData, dataset: Dataset, tokenizer
 
 
 def build_dataloaders(cfg: DictConfig, data: TaskData, tokenizer: PreTrainedTokenizerBase,
-                      device: torch.device, model=None) -> tuple[DataLoader, DataLoader]:
+                      device: torch.device, model=None, num_processes: int = 1) -> tuple[DataLoader, DataLoader]:
     """Train and validation loaders for `device` (pinned memory and workers on CUDA); `model` (optional)
-    drops the columns its forward does not take."""
+    drops the columns its forward does not take.
+
+    Length groups are global batches (`batch_size` x `num_processes`): Accelerate deals the sampler's
+    consecutive batches to the ranks in turn, so each optimizer step sees one group, the same examples as
+    one process with the whole global batch would."""
     tr = cfg.trainer
     collate, columns = _loader_parts(cfg, data, tokenizer, model)
     train = data.train.select_columns(columns)
     if tr.group_by_length:
-        sampler = LengthGroupedSampler(data.train["length"][:], tr.batch_size, tr.seed)
+        sampler = LengthGroupedSampler(data.train["length"][:], tr.batch_size * num_processes, tr.seed)
     else:
         sampler = RandomSampler(train)  # Accelerate turns it into a seedable sampler (set_epoch)
     # Own generators: creating an iterator must not draw from the global RNG, or a resumed run's dropout
