@@ -6,7 +6,7 @@ VENV ?= .venv
 # ARGS passes anything else through, e.g. make finetune ARGS="-m precision=fp32,bf16" (multirun).
 # nproc=N: processes per machine (distributed.num_processes); dry_run=1 prints the launch command(s).
 OWN_VARS := VENV PYTHON PYTEST_ARGS ARGS nproc dry_run
-OVERRIDES := $(foreach v,$(filter-out $(OWN_VARS),$(.VARIABLES)),$(if $(filter command line,$(origin $(v))),$(v)=$($(v)))) $(if $(nproc),distributed.num_processes=$(nproc)) $(ARGS)
+OVERRIDES := $(foreach v,$(filter-out $(OWN_VARS),$(.VARIABLES)),$(if $(filter command line,$(origin $(v))),'$(v)=$($(v))')) $(if $(nproc),distributed.num_processes=$(nproc)) $(ARGS)
 PYTEST_ARGS ?=
 
 .PHONY: help setup finetune evaluate print-config test test-distributed lint
