@@ -60,7 +60,7 @@ class AttnImplementation(Choice):
 
 
 class OptimImplementation(Choice):
-    auto = "auto"  # fused on CUDA and CPU (5x faster than foreach on 2 CPU cores), foreach elsewhere and with fp16
+    auto = "auto"  # fused on CUDA and CPU (5x foreach on 2 CPU cores), foreach elsewhere and under fp16
     fused = "fused"
     foreach = "foreach"
     loop = "loop"  # plain per-parameter loop, the slowest; for debugging

@@ -64,6 +64,7 @@ class Target:
 class PeerConfig:
     name: str = MISSING
     overrides: list[str] = field(default_factory=list)  # shared finetune overrides: model, task, batch, lr, ...
+    extra: list[str] = field(default_factory=list)  # more shared overrides, from the command line (after those)
     seeds: list[int] = field(default_factory=lambda: [42])  # each arm runs once per seed
     arms: list[PeerArm] = field(default_factory=list)
     targets: list[Target] = field(default_factory=list)
@@ -106,7 +107,7 @@ def check(p: DictConfig, conf_dir: Path = CONF_DIR) -> dict[str, DictConfig]:
     for i, arm in enumerate(p.arms):
         where = f"peer.arms[{i}] ({arm.name})"
         try:
-            cfg = compose_finetune([*p.overrides, *arm.overrides], conf_dir)
+            cfg = compose_finetune([*p.overrides, *p.extra, *arm.overrides], conf_dir)
         except Exception as exc:  # Hydra's composition errors: unknown key, bad option, bad value
             cause = str(exc.__cause__ or exc).split("Config search path")[0]
             problems.append(f"{where}: the finetune overrides do not compose: " + " ".join(cause.split()))
