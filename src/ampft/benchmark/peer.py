@@ -225,17 +225,13 @@ def run_trainer(cfg: DictConfig, out_dir: Path) -> dict:
 
 
 def _child(spec_path: str, out_path: str) -> None:
+    from ampft.config import FinetuneConfig
+
     spec = json.loads(Path(spec_path).read_text())
-    cfg = OmegaConf.merge(OmegaConf.structured(_finetune_schema()), OmegaConf.create(spec["cfg"]))
+    cfg = OmegaConf.merge(OmegaConf.structured(FinetuneConfig), OmegaConf.create(spec["cfg"]))
     out_dir = Path(spec["out_dir"])
     result = (run_trainer if Runner(spec["runner"]) == Runner.trainer else run_ampft)(cfg, out_dir)
     Path(out_path).write_text(json.dumps(result, indent=1, default=str))
-
-
-def _finetune_schema():
-    from ampft.config import FinetuneConfig
-
-    return FinetuneConfig
 
 
 def epoch_flops(cfg: DictConfig) -> tuple[int, float]:
