@@ -154,8 +154,8 @@ def preflight(cfg: DictConfig) -> tuple[list[str], list[str]]:
         if not cuda:
             warnings.append(
                 "precision=fp16 on CPU runs real float16 autocast with a dynamic GradScaler: correct, but no "
-                "faster than fp32 even with AVX512-FP16 (0.96x measured, docs/benchmarks/cpu-smoke) and much "
-                "slower without it. For speed on CPU use precision=bf16 (1.47x fp32 there)."
+                "faster than fp32 even with AVX512-FP16 (0.92x measured, docs/benchmarks/cpu-smoke) and much "
+                "slower without it. For speed on CPU use precision=bf16 (1.57x fp32 there)."
             )
         if p.hysteresis != 1:
             warnings.append(
