@@ -29,8 +29,10 @@ MANIFEST = "manifest.json"
 
 # Config keys whose change breaks an exact resume (prefixes). Everything else (logging, evaluation
 # interval, max_steps, checkpoint settings, eval batch size) may change between the two runs.
+# Padding and compile settings count: batch shapes decide the dropout masks.
 EXACTNESS_KEYS = ("model.", "task.", "precision.", "optim.", "scheduler.", "trainer.seed", "trainer.batch_size",
-                  "trainer.grad_accum", "trainer.max_grad_norm", "trainer.group_by_length", "trainer.epochs")
+                  "trainer.grad_accum", "trainer.max_grad_norm", "trainer.group_by_length", "trainer.length_group_size",
+                  "trainer.padding", "trainer.pad_to_multiple_of", "trainer.compile", "trainer.epochs")
 HARMLESS_TASK_KEYS = ("task.max_eval_samples", "task.validation_file", "task.validation_split")
 
 

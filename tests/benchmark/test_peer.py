@@ -12,7 +12,7 @@ import torch
 from omegaconf import OmegaConf
 
 from ampft.benchmark import BenchmarkConfigError
-from ampft.benchmark.peer import check, run_peer, summarize, useful_flops, write_report
+from ampft.benchmark.peer import check, rerender, run_peer, summarize, useful_flops, write_report
 from tests.conftest import CONF, shared
 
 PEER_CONFIGS = sorted(p.stem for p in (CONF / "peer").glob("*.yaml"))
@@ -139,4 +139,27 @@ def test_trainer_and_ampft_arms_run_for_real(tmp_path):
     assert per_sample["trainer"] == pytest.approx(per_sample["ampft"], rel=0.02)
     assert results["arms"]["trainer"]["padding"] == "max_length"
     assert (tmp_path / "ampft-seed42" / "run" / "summary.json").is_file()
+    # The report can be written again from results.json alone (after a change to the report code).
+    report = path.read_text()
+    path.unlink()
+    assert rerender(tmp_path).read_text() == report
     assert torch.tensor([r["eval"]["loss"] for r in results["runs"]]).isfinite().all()
+
+
+def test_report_over_seeds_gives_means_medians_and_each_seed(tmp_path):
+    p = compose_peer(['peer.overrides=["model=tiny-bert"]', "peer.seeds=[1,2]", "peer.targets=[]",
+                      "peer.accuracy_reference=[trainer]",
+                      'peer.arms=[{name: trainer, runner: trainer}, {name: ampft, runner: ampft}]'])
+    cfgs = check(p)
+    runs = [dict(_run("trainer", 10.0, 0.80), seed=1), dict(_run("ampft", 30.0, 0.82), seed=1),
+            dict(_run("trainer", 12.0, 0.84), seed=2), dict(_run("ampft", 34.0, 0.83), seed=2)]
+    env = dict(date="today", device_type="cpu", device_name="a CPU", cpu_count=2, torch_threads=2, torch="t",
+               transformers="tf", accelerate="a", python="3")
+    results = summarize(p, cfgs, runs, env, None)
+    a = results["arms"]["ampft"]
+    assert a["samples_per_second"] == 32.0 and a["metric"] == pytest.approx(82.5)
+    assert a["metric_std"] == pytest.approx(0.7071, abs=1e-3) and a["metric_per_seed"] == pytest.approx([82, 83])
+    assert results["accuracy"] == [dict(arm="ampft", reference="trainer", difference=pytest.approx(0.5), within=True)]
+    md = write_report(results, tmp_path).read_text()
+    assert "| ampft | ampft | (defaults) | 32.0 |" in md and "82.50 ± 0.71" in md
+    assert "| ampft | 30.0 | 82.00 | 34.0 | 83.00 |" in md

@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from statistics import mean, median
+from statistics import mean, median, stdev
 
 import torch
 from hydra.core.config_store import ConfigStore
@@ -309,6 +309,8 @@ def summarize(p: DictConfig, cfgs: dict[str, DictConfig], runs: list[dict], env:
             setup_seconds=median(r["setup_seconds"] for r in rs),
             metric=mean(_points(r["eval"][metric]) for r in rs),
             metric_per_seed=[_points(r["eval"][metric]) for r in rs],
+            metric_std=stdev(_points(r["eval"][metric]) for r in rs) if len(rs) > 1 else None,
+            samples_per_second_per_seed=[r["samples_per_second"] for r in rs],
             peak_memory_bytes=max(r["peak_memory_bytes"] for r in rs), peak_memory_kind=rs[0]["peak_memory_kind"],
             model_tflops=tflops, mfu=mfu(tflops, peak), peak_tflops=peak,
             peak_tflops_source=peak_source.replace("benchmark.peak_tflops." + rs[0]["precision"], "peer.peak_tflops"),
@@ -362,13 +364,24 @@ def write_report(results: dict, out_dir: Path) -> Path:
     ]
     for name, a in arms.items():
         differs = ", ".join(a["overrides"]) or "(defaults)"
+        metric = f"{a['metric']:.2f}" + ("" if a["metric_std"] is None else f" ± {a['metric_std']:.2f}")
         lines.append(f"| {name} | {a['runner']} | {differs} | {a['samples_per_second']:.1f} | "
                      f"{a['tokens_per_second']:.0f} | {a['train_seconds']:.1f} | {a['wall_seconds']:.1f} | "
-                     f"{a['metric']:.2f} | {a['peak_memory_bytes'] / mib:.0f} | "
+                     f"{metric} | {a['peak_memory_bytes'] / mib:.0f} | "
                      + " | ".join(f"{a['speedup'][t]:.2f}" for t in trainers) + " |")
     lines += ["", "samples/s and tokens/s (non-padding) are over the training loop; wall is the whole process "
               "(imports, model, tokenization, training, evaluation). Peak memory: "
               f"{next(iter(arms.values()))['peak_memory_kind']}.", ""]
+    if len(setup["seeds"]) > 1:
+        lines += [f"With {len(setup['seeds'])} seeds: samples/s, times and memory are medians, {setup['metric']} "
+                  "is the mean ± standard deviation. Per seed:", "",
+                  "| arm | " + " | ".join(f"seed {s} samples/s | seed {s} {setup['metric']}" for s in setup["seeds"])
+                  + " |", "|---|" + "---:|---:|" * len(setup["seeds"])]
+        for name, a in arms.items():
+            lines.append(f"| {name} | " + " | ".join(f"{v:.1f} | {m:.2f}" for v, m in
+                                                      zip(a["samples_per_second_per_seed"], a["metric_per_seed"],
+                                                          strict=True)) + " |")
+        lines.append("")
     mfus = {n: a["mfu"] for n, a in arms.items() if a["mfu"] is not None}
     first = next(iter(arms.values()))
     lines += ["Model FLOP/s over non-padding tokens (6N + 12·L·h·s per token, per example's length): "
@@ -398,6 +411,16 @@ def write_report(results: dict, out_dir: Path) -> Path:
     path = out_dir / "report.md"
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def rerender(out_dir: str | Path) -> Path:
+    """Summarize and write report.md again from a run's results.json (its config, environment and raw runs)."""
+    out_dir = Path(out_dir)
+    old = json.loads((out_dir / "results.json").read_text())
+    p = OmegaConf.merge(OmegaConf.structured(PeerConfig), old["config"])
+    results = summarize(p, check(p), old["runs"], old["environment"], old["command"])
+    (out_dir / "results.json").write_text(json.dumps(results, indent=1, default=str))
+    return write_report(results, out_dir)
 
 
 def _run_arm(arm: DictConfig, cfg: DictConfig, arm_dir: Path) -> dict:

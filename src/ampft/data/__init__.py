@@ -109,12 +109,12 @@ class LengthGroupedSampler(Sampler[int]):
     """Random batches of similar lengths, reproducible per epoch (`set_epoch`).
 
     Shuffle, cut into mega-batches of `mega_batches` batches, sort each by length, cut into batches, then
-    shuffle the batches so that lengths do not come in waves. The batch holding the longest example goes
-    first (an out-of-memory error shows up at step 1, not hours in); the one partial batch, if any, goes
-    last, so the DataLoader's fixed-size chunks of this order are exactly these batches.
+    shuffle the batches so that lengths do not come in waves. The full batch holding the longest example
+    goes first (an out-of-memory error shows up at step 1, not hours in); the one partial batch, if any,
+    goes last, so the DataLoader's fixed-size chunks of this order are exactly these batches.
     """
 
-    def __init__(self, lengths: list[int], batch_size: int, seed: int, mega_batches: int = 50):
+    def __init__(self, lengths: list[int], batch_size: int, seed: int, mega_batches: int = 8):
         self.lengths, self.batch_size, self.seed, self.mega = list(lengths), batch_size, seed, mega_batches
         self.epoch = 0
 
@@ -126,7 +126,8 @@ class LengthGroupedSampler(Sampler[int]):
 
     def __iter__(self):
         g = torch.Generator().manual_seed(self.seed + self.epoch)
-        perm, bs, span = torch.randperm(len(self.lengths), generator=g).tolist(), self.batch_size, self.batch_size * self.mega
+        perm = torch.randperm(len(self.lengths), generator=g).tolist()
+        bs, span = self.batch_size, self.batch_size * self.mega
         batches = []
         for start in range(0, len(perm), span):
             group = sorted(perm[start:start + span], key=self.lengths.__getitem__, reverse=True)
@@ -213,7 +214,8 @@ def build_dataloaders(cfg: DictConfig, data: TaskData, tokenizer: PreTrainedToke
     collate, columns = _loader_parts(cfg, data, tokenizer, model)
     train = data.train.select_columns(columns)
     if tr.group_by_length:
-        sampler = LengthGroupedSampler(data.train["length"][:], tr.batch_size * num_processes, tr.seed)
+        sampler = LengthGroupedSampler(data.train["length"][:], tr.batch_size * num_processes, tr.seed,
+                                       tr.length_group_size)
     else:
         sampler = RandomSampler(train)  # Accelerate turns it into a seedable sampler (set_epoch)
     # Own generators: creating an iterator must not draw from the global RNG, or a resumed run's dropout
