@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader
 from transformers import PreTrainedTokenizerBase
 
 from ampft.data.load import DataError, load_splits, split_key
+from ampft.evaluation import predict
 from ampft.tasks import Family, qa
 
 COLUMNS = ["id", "question", "context", "answers"]
@@ -87,23 +88,17 @@ class QuestionAnswering(Family):
                                       remove_columns=ds.column_names, desc=f"tokenizing {s}")
                             for s, ds in raw.items()})
 
-    @torch.inference_mode()
     def evaluate(self, accelerator: Accelerator, model, dataloader: DataLoader, features: Dataset,
                  examples: Dataset, task: DictConfig, labels: list[str] | None,
                  out_dir: Path | None = None, name: str = "validation") -> dict[str, float]:
-        was_training = model.training
-        model.eval()
-        starts, ends, losses = [], [], []
-        for batch in dataloader:
-            out = model(**batch)
+        def outputs(batch, out):
             start = accelerator.pad_across_processes(out.start_logits.float(), dim=1, pad_index=NEG)
             end = accelerator.pad_across_processes(out.end_logits.float(), dim=1, pad_index=NEG)
-            loss = out.loss.float().expand(len(start))
-            start, end, loss = accelerator.gather_for_metrics((start, end, loss))
-            starts.extend(start.cpu().numpy())
-            ends.extend(end.cpu().numpy())
-            losses.append(loss.cpu())
-        model.train(was_training)
+            return start, end, out.loss.float().expand(len(start))
+
+        start_parts, end_parts, losses = predict(accelerator, model, dataloader, outputs)
+        starts = [row for batch in start_parts for row in batch.numpy()]
+        ends = [row for batch in end_parts for row in batch.numpy()]
         answers = qa.postprocess(examples, features, starts, ends, n_best=task.n_best,
                                  max_answer_length=task.max_answer_length, version_2=task.version_2,
                                  null_threshold=task.null_threshold)

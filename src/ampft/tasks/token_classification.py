@@ -21,6 +21,7 @@ from transformers import AutoTokenizer, DataCollatorForTokenClassification, PreT
 
 from ampft.config import SeqevalMode, TagScheme
 from ampft.data.load import DataError, load_splits, split_key
+from ampft.evaluation import predict
 from ampft.tasks import Family, ner
 
 log = logging.getLogger(__name__)
@@ -92,26 +93,21 @@ class TokenClassification(Family):
         return DataCollatorForTokenClassification(tokenizer, padding=padding, max_length=max_length,
                                                   pad_to_multiple_of=pad_to_multiple_of)
 
-    @torch.inference_mode()
     def evaluate(self, accelerator: Accelerator, model, dataloader: DataLoader, features: Dataset,
                  examples: Dataset, task: DictConfig, labels: list[str] | None,
                  out_dir: Path | None = None, name: str = "validation") -> dict[str, float]:
-        was_training = model.training
-        model.eval()
-        predictions, loss_sums, counts = [], [], []
-        for batch in dataloader:
-            logits = model(**batch).logits.float()
+        def outputs(batch, out):
+            logits = out.logits.float()
             # The loss over every labelled token of the split (not a mean of batch means): per-feature sums.
             token_loss = torch.nn.functional.cross_entropy(logits.transpose(1, 2), batch["labels"],
                                                            ignore_index=ner.IGNORE_INDEX, reduction="none")
             count = (batch["labels"] != ner.IGNORE_INDEX).sum(dim=1)
             # Label ids, not logits, cross the ranks; each rank's batch may be padded to another width.
             pred = accelerator.pad_across_processes(logits.argmax(dim=-1), dim=1, pad_index=ner.IGNORE_INDEX)
-            pred, loss_sum, count = accelerator.gather_for_metrics((pred, token_loss.sum(dim=1), count))
-            predictions.extend(pred.cpu().numpy())
-            loss_sums.append(loss_sum.cpu())
-            counts.append(count.cpu())
-        model.train(was_training)
+            return pred, token_loss.sum(dim=1), count
+
+        preds, loss_sums, counts = predict(accelerator, model, dataloader, outputs)
+        predictions = [row for batch in preds for row in batch.numpy()]
         gold = list(examples["tags"])
         tags = ner.predictions_to_tags(predictions, list(features["word_ids"]), labels,
                                        num_words=[len(t) for t in gold])
