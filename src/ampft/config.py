@@ -297,10 +297,12 @@ register_configs()
 class ConfigError(ValueError):
     """Every problem found in a config, one per line, each naming the key and what would work."""
 
+    what = "the config"
+
     def __init__(self, problems: list[str]):
         self.problems = problems
         super().__init__(
-            f"{len(problems)} problem(s) in the config:\n" + "\n".join(f"  - {p}" for p in problems)
+            f"{len(problems)} problem(s) in {self.what}:\n" + "\n".join(f"  - {p}" for p in problems)
         )
 
 

@@ -16,6 +16,8 @@ from pathlib import Path
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig
 
+from ampft.config import ConfigError, validate
+
 CONF_DIR = Path(__file__).resolve().parents[3] / "conf"
 
 
@@ -100,14 +102,31 @@ def register_configs() -> None:
 register_configs()
 
 
-class BenchmarkConfigError(ValueError):
-    """Every problem found in a benchmark config, one per line, each naming the key."""
+class BenchmarkConfigError(ConfigError):
+    """Every problem found in a benchmark config (or the peer benchmark's), one per line, each naming the key."""
 
-    def __init__(self, problems: list[str]):
-        self.problems = problems
-        super().__init__(
-            f"{len(problems)} problem(s) in the benchmark config:\n" + "\n".join(f"  - {p}" for p in problems)
-        )
+    what = "the benchmark config"
+
+
+def compose_arm(overrides: list[str], where: str, problems: list[str], conf_dir: Path = CONF_DIR) -> DictConfig | None:
+    """An arm's finetune config; None, with the reason appended to `problems` (prefixed by `where`), when the
+    overrides do not compose (unknown key, bad option, bad value)."""
+    try:
+        cfg = compose_finetune(overrides, conf_dir)
+    except Exception as exc:  # Hydra's composition errors
+        cause = str(exc.__cause__ or exc).split("Config search path")[0]
+        problems.append(f"{where}: the finetune overrides do not compose: " + " ".join(cause.split()))
+        return None
+    return cfg
+
+
+def validation_problems(cfg: DictConfig, where: str) -> list[str]:
+    """`ampft.config.validate`'s problems with the config, each prefixed by `where`."""
+    try:
+        validate(cfg)
+    except ConfigError as exc:
+        return [f"{where}: {p}" for p in exc.problems]
+    return []
 
 
 def arms_for(b: DictConfig, mode: Mode) -> list[DictConfig]:
@@ -146,7 +165,6 @@ def check(b: DictConfig, conf_dir: Path = CONF_DIR) -> dict[tuple[str, str, int 
 
     Returns {(mode, arm name, seed): cfg}; seed is None in speed mode (it uses benchmark.seed). Composing
     everything up front also means a config file edited while the benchmark runs cannot change it midway."""
-    from ampft.config import ConfigError, validate
 
     problems: list[str] = []
     modes = [Mode(m) for m in b.modes]
@@ -200,16 +218,11 @@ def check(b: DictConfig, conf_dir: Path = CONF_DIR) -> dict[tuple[str, str, int 
         seeds = list(b.accuracy.seeds) if mode == Mode.accuracy else [None]
         for arm in arms:
             where = f"benchmark.arms[{names.index(arm.name)}] ({arm.name}, {mode.value} mode)"
-            try:
-                cfg = compose_finetune(arm_overrides(b, arm, mode, seeds[0]), conf_dir)
-            except Exception as exc:  # Hydra's composition errors: unknown key, bad option, bad value
-                cause = str(exc.__cause__ or exc).split("Config search path")[0]
-                problems.append(f"{where}: the finetune overrides do not compose: " + " ".join(cause.split()))
+            cfg = compose_arm(arm_overrides(b, arm, mode, seeds[0]), where, problems, conf_dir)
+            if cfg is None:
                 continue
-            try:
-                validate(cfg)
-            except ConfigError as exc:
-                problems.extend(f"{where}: {p}" for p in exc.problems)
+            if invalid := validation_problems(cfg, where):
+                problems.extend(invalid)
                 continue
             if cfg.model.pretrained:  # fail now, not after the speed arms have run
                 from ampft.models import ModelLoadError, check_loadable

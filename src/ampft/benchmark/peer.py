@@ -35,7 +35,7 @@ import torch
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from ampft.benchmark.config import CONF_DIR, BenchmarkConfigError, compose_finetune
+from ampft.benchmark.config import CONF_DIR, BenchmarkConfigError, compose_arm, validation_problems
 from ampft.benchmark.environment import OtherLoad, describe
 
 log = logging.getLogger(__name__)
@@ -86,7 +86,7 @@ ConfigStore.instance().store(
 
 def check(p: DictConfig, conf_dir: Path = CONF_DIR) -> dict[str, DictConfig]:
     """Compose and validate every arm's finetune config; raise with every problem at once."""
-    from ampft.config import ConfigError, TaskFamily, validate
+    from ampft.config import TaskFamily
 
     problems: list[str] = []
     names = [a.name for a in p.arms]
@@ -106,18 +106,13 @@ def check(p: DictConfig, conf_dir: Path = CONF_DIR) -> dict[str, DictConfig]:
     cfgs: dict[str, DictConfig] = {}
     for i, arm in enumerate(p.arms):
         where = f"peer.arms[{i}] ({arm.name})"
-        try:
-            cfg = compose_finetune([*p.overrides, *p.extra, *arm.overrides], conf_dir)
-        except Exception as exc:  # Hydra's composition errors: unknown key, bad option, bad value
-            cause = str(exc.__cause__ or exc).split("Config search path")[0]
-            problems.append(f"{where}: the finetune overrides do not compose: " + " ".join(cause.split()))
+        cfg = compose_arm([*p.overrides, *p.extra, *arm.overrides], where, problems, conf_dir)
+        if cfg is None:
             continue
         if Runner(arm.runner) == Runner.trainer and TaskFamily(cfg.task.family) != TaskFamily.classification:
             problems.append(f"{where}: the trainer runner is run_glue-style, sequence classification only")
-        try:
-            validate(cfg)
-        except ConfigError as exc:
-            problems.extend(f"{where}: {q}" for q in exc.problems)
+        if invalid := validation_problems(cfg, where):
+            problems.extend(invalid)
             continue
         cfgs[arm.name] = cfg
     if problems:
