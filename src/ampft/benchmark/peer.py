@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -124,14 +123,6 @@ def check(p: DictConfig, conf_dir: Path = CONF_DIR) -> dict[str, DictConfig]:
 # one arm, in its own process: `python -m ampft.benchmark.peer SPEC OUT`
 
 
-def _peak_memory(device: torch.device) -> dict:
-    if device.type == "cuda":
-        return dict(peak_memory_bytes=int(torch.cuda.max_memory_allocated(device)),
-                    peak_memory_kind="cuda_max_memory_allocated")
-    return dict(peak_memory_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-                peak_memory_kind="cpu_peak_rss")
-
-
 def useful_flops(model: torch.nn.Module, lengths: list[int], epochs: float) -> float:
     """Training FLOPs over the non-padding tokens: sum over examples of 6N·s + 12·L·h·s² (ampft.benchmark.flops'
     formula per token, at each example's own length s), times the epochs run. Padding FLOPs do not count."""
@@ -150,7 +141,7 @@ def run_ampft(cfg: DictConfig, out_dir: Path) -> dict:
     return dict(
         samples_per_second=s["train_samples_per_second"], tokens_per_second=s["train_tokens_per_second"],
         train_seconds=s["train_seconds"], setup_seconds=s["setup_seconds"], steps=s["steps"],
-        epochs=s["epochs"], eval=s["eval"], eval_loss=s["eval"].get("loss"),
+        epochs=s["epochs"], eval=s["eval"],
         attn_implementation=s["attn_implementation"], device=s["device"], precision=s["precision"],
         peak_memory_bytes=s["peak_memory_bytes"], peak_memory_kind=s["peak_memory_kind"],
     )
@@ -165,6 +156,8 @@ def run_trainer(cfg: DictConfig, out_dir: Path) -> dict:
     from ampft.config import Padding, Precision
     from ampft.models import build_model, load_tokenizer
     from ampft.tasks import family_for
+    from ampft.tasks.classification import texts
+    from ampft.tracking import peak_memory_bytes
 
     started = time.perf_counter()
     tr, task, o, sch = cfg.trainer, cfg.task, cfg.optim, cfg.scheduler
@@ -176,8 +169,7 @@ def run_trainer(cfg: DictConfig, out_dir: Path) -> dict:
     fields = list(task.text_fields)
 
     def preprocess(batch):
-        texts = [[("" if t is None else str(t)) for t in batch[f]] for f in fields]
-        enc = tokenizer(*texts, padding="max_length" if pad else False, max_length=task.max_length,
+        enc = tokenizer(*texts(batch, fields), padding="max_length" if pad else False, max_length=task.max_length,
                         truncation=True)
         enc["length"] = [sum(m) for m in enc["attention_mask"]]
         return enc
@@ -209,13 +201,13 @@ def run_trainer(cfg: DictConfig, out_dir: Path) -> dict:
     epochs = float(train.get("epoch", tr.epochs))
     tokens = sum(data["train"]["length"]) * epochs
     device = trainer.args.device
+    peak, peak_kind = peak_memory_bytes(device)
     return dict(
         samples_per_second=train["train_samples_per_second"], tokens_per_second=tokens / train["train_runtime"],
         train_seconds=train["train_runtime"], setup_seconds=setup_seconds, steps=trainer.state.global_step,
-        epochs=epochs, eval={k.removeprefix("eval_"): v for k, v in ev.items()
-                             if k in ("eval_accuracy", "eval_loss")}, eval_loss=ev.get("eval_loss"),
+        epochs=epochs, eval={k.removeprefix("eval_"): v for k, v in ev.items() if k in ("eval_accuracy", "eval_loss")},
         attn_implementation=model.config._attn_implementation, device=str(device),
-        precision=cfg.precision.name.value, **_peak_memory(device),
+        precision=cfg.precision.name.value, peak_memory_bytes=peak, peak_memory_kind=peak_kind,
     )
 
 
@@ -233,11 +225,13 @@ def epoch_flops(cfg: DictConfig) -> tuple[int, float]:
     """(training examples, training FLOPs of one epoch over their non-padding tokens) for an arm's config."""
     from ampft.models import build_model, load_tokenizer
     from ampft.tasks import family_for
+    from ampft.tasks.classification import texts
 
     tokenizer = load_tokenizer(cfg.model)
     raw, labels = family_for(cfg.task.family).load(cfg.task)
-    texts = [[("" if t is None else str(t)) for t in raw["train"][f]] for f in cfg.task.text_fields]
-    lengths = [len(ids) for ids in tokenizer(*texts, truncation=True, max_length=cfg.task.max_length)["input_ids"]]
+    encoded = tokenizer(*texts(raw["train"], list(cfg.task.text_fields)), truncation=True,
+                        max_length=cfg.task.max_length)
+    lengths = [len(ids) for ids in encoded["input_ids"]]
     shape_only = OmegaConf.merge(cfg.model, {"pretrained": False})  # the parameter count, no weights needed
     model = build_model(shape_only, tokenizer, labels, cfg.task.family)
     return len(lengths), useful_flops(model, lengths, 1.0)

@@ -17,6 +17,12 @@ from ampft.evaluation import evaluate_model
 from ampft.tasks import Family
 
 
+def texts(batch: dict, fields: list[str]) -> list[list[str]]:
+    """The text columns of a batch of rows, one list per field (a missing value is the empty string): the
+    tokenizer's positional arguments for single sentences or pairs."""
+    return [[("" if t is None else str(t)) for t in batch[f]] for f in fields]
+
+
 class Classification(Family):
     def check_file(self, path: str) -> None:
         file_format(path)
@@ -31,8 +37,7 @@ class Classification(Family):
         fields = list(task.text_fields)
 
         def fn(batch):
-            texts = [[("" if t is None else str(t)) for t in batch[f]] for f in fields]
-            enc = tokenizer(*texts, truncation=True, max_length=task.max_length)
+            enc = tokenizer(*texts(batch, fields), truncation=True, max_length=task.max_length)
             enc["length"] = [len(ids) for ids in enc["input_ids"]]
             return enc
 
