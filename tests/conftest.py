@@ -34,19 +34,24 @@ def _cache_dir(tmp_path_factory):
     os.environ["AMPFT_CACHE"] = str(tmp_path_factory.mktemp("ampft-cache"))
 
 
-@pytest.fixture
-def compose():
-    """compose(["precision=bf16", ...]) → the same config the recipe gets (without Hydra's runtime)."""
+def compose_config(config_name: str, overrides: list[str] | None = None, **kwargs):
+    """A primary config from conf/ (finetune, benchmark_recipe, peer_recipe) composed as its recipe composes
+    it, without Hydra's runtime. The recipes' schemas are registered on import of their modules."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    import ampft.config  # noqa: F401  (registers the schema)
+    import ampft.benchmark.config  # noqa: F401  (registers benchmark_recipe)
+    import ampft.benchmark.peer  # noqa: F401  (registers peer_recipe)
+    import ampft.config  # noqa: F401  (registers finetune_schema)
 
-    def _compose(overrides: list[str] | None = None):
-        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-            return hydra_compose(config_name="finetune", overrides=list(overrides or []))
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return hydra_compose(config_name=config_name, overrides=list(overrides or []), **kwargs)
 
-    return _compose
+
+@pytest.fixture
+def compose():
+    """compose(["precision=bf16", ...]) → the same config the recipe gets (without Hydra's runtime)."""
+    return lambda overrides=None: compose_config("finetune", overrides)
 
 
 @pytest.fixture

@@ -23,13 +23,9 @@ def hand_count_nonembedding() -> int:
 
 @pytest.fixture(scope="module")
 def tiny_model():
-    from hydra import compose, initialize_config_dir
+    from tests.conftest import compose_config
 
-    import ampft.config  # noqa: F401
-    from tests.conftest import CONF
-
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose(config_name="finetune", overrides=["model=tiny-bert", "model.attn_implementation=eager"])
+    cfg = compose_config("finetune", ["model=tiny-bert", "model.attn_implementation=eager"])
     return build_model(cfg.model, load_tokenizer(cfg.model), ["negative", "positive"])
 
 

@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 
 from ampft.benchmark import BenchmarkConfigError
 from ampft.benchmark.peer import check, rerender, run_peer, summarize, useful_flops, write_report
-from tests.conftest import CONF, shared
+from tests.conftest import CONF, compose_config, shared
 
 PEER_CONFIGS = sorted(p.stem for p in (CONF / "peer").glob("*.yaml"))
 # What an arm may change: the fast paths (these, optim.implementation, model.attn_implementation).
@@ -22,12 +22,7 @@ FAST_PATH_KEYS = {"padding", "group_by_length", "pad_to_multiple_of", "compile",
 
 
 def compose_peer(overrides: list[str]):
-    from hydra import compose, initialize_config_dir
-
-    import ampft.benchmark.peer  # noqa: F401  (registers peer_recipe)
-
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose(config_name="peer_recipe", overrides=overrides).peer
+    return compose_config("peer_recipe", overrides).peer
 
 
 @pytest.mark.parametrize("name", PEER_CONFIGS)

@@ -32,13 +32,9 @@ def finite_positive(x) -> bool:
 
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
-    from hydra import compose, initialize_config_dir
+    from tests.conftest import compose_config
 
-    import ampft.benchmark.config  # noqa: F401
-    from tests.conftest import CONF
-
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        b = compose(config_name="benchmark_recipe", overrides=SMOKE).benchmark
+    b = compose_config("benchmark_recipe", SMOKE).benchmark
     out = tmp_path_factory.mktemp("bench")
     path = run_benchmark(b, out)
     return out, path, json.loads((out / "results.json").read_text())

@@ -7,7 +7,7 @@ from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ConfigKeyError, ValidationError
 
 from ampft.config import ConfigError, validate
-from tests.conftest import CONF
+from tests.conftest import CONF, compose_config
 
 # The finetune recipe's groups; conf/evaluate, conf/benchmark and conf/peer belong to the other recipes,
 # conf/accelerate to `accelerate launch`.
@@ -109,11 +109,6 @@ def test_experiment_overrides_groups(compose):
 
 
 def test_default_run_dir_names_task_model_and_precision():
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = hydra_compose(config_name="finetune", overrides=["model=tiny-bert", "precision=bf16"],
-                            return_hydra_config=True)
+    cfg = compose_config("finetune", ["model=tiny-bert", "precision=bf16"], return_hydra_config=True)
     run_dir = str(cfg.hydra.run.dir)
     assert run_dir.startswith("runs/demo/tiny-bert-bf16/20"), run_dir  # not "Precision.bf16"
