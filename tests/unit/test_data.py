@@ -18,7 +18,7 @@ from ampft.data import LengthGroupedSampler, build_dataloaders, padding, prepare
 from ampft.data import demo as demo_module
 from ampft.data.demo import demo_splits
 from ampft.data.load import DataError, encode_labels, file_format, label_names, load_raw
-from tests.conftest import CONF, shared
+from tests.conftest import compose_config, shared
 
 ROWS = pd.DataFrame({
     # a comma (quoted in CSV), an apostrophe, non-ASCII text; no tab, no double quote (GLUE-style TSV)
@@ -36,13 +36,9 @@ def _own_datasets_cache(tmp_path, monkeypatch):
 @pytest.fixture(scope="module")
 def tokenizer():
     """The tiny-bert tokenizer (offline WordPiece), loaded once for the module."""
-    from hydra import compose, initialize_config_dir
-
     from ampft.models import load_tokenizer
 
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose(config_name="finetune", overrides=["model=tiny-bert"])
-    return load_tokenizer(cfg.model)
+    return load_tokenizer(compose_config("finetune", ["model=tiny-bert"]).model)
 
 
 def write(df: pd.DataFrame, path: Path) -> Path:
