@@ -28,7 +28,8 @@ def compose_peer(overrides: list[str]):
 @pytest.mark.parametrize("name", PEER_CONFIGS)
 def test_peer_config_arms_differ_only_by_fast_paths(name):
     shared("sst2")
-    p = compose_peer([f"peer={name}"])
+    # Random weights for every arm: the check must not need the Hub (bert-large's weights are not here).
+    p = compose_peer([f"peer={name}", 'peer.extra=["model.pretrained=false"]'])
     cfgs = check(p)
     assert set(cfgs) == {a.name for a in p.arms}
     runners = {a.runner for a in p.arms}
@@ -51,13 +52,14 @@ def test_peer_config_arms_differ_only_by_fast_paths(name):
 def test_bad_peer_config_names_every_problem():
     p = compose_peer(['peer.arms=[{name: a, runner: ampft, overrides: ["trainer.nonsense=1"]},'
                       '{name: a, runner: trainer, overrides: ["task=conll2003", "task.train_file=x.txt",'
-                      '"task.validation_file=x.txt"]}]',
+                      '"task.validation_file=x.txt"]}, {name: c, runner: ampft, overrides: ["model=bert-large"]}]',
                       "peer.targets=[{arm: a, over: b, min_ratio: 0}]", "peer.seeds=[1,1]"])
     with pytest.raises(BenchmarkConfigError) as err:
         check(p)
     msg = str(err.value)
     for needle in ("duplicate names ['a']", "peer.seeds=[1, 1]", "a over b: both must be arms",
-                   "min_ratio=0.0: must be > 0", "trainer.nonsense", "sequence classification only"):
+                   "min_ratio=0.0: must be > 0", "trainer.nonsense", "sequence classification only",
+                   "peer.arms[2] (c): model bert-large: model.name_or_path=google-bert/bert-large-uncased is a Hub name"):
         assert needle in msg, needle
 
 

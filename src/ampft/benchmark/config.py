@@ -129,6 +129,19 @@ def validation_problems(cfg: DictConfig, where: str) -> list[str]:
     return []
 
 
+def loadability_problems(cfg: DictConfig, where: str) -> list[str]:
+    """A pretrained model that cannot be loaded here (a Hub name offline), found before anything runs."""
+    if not cfg.model.pretrained:
+        return []
+    from ampft.models import ModelLoadError, check_loadable
+
+    try:
+        check_loadable(cfg.model.name_or_path, f"model {cfg.model.name}", "model.name_or_path")
+    except ModelLoadError as exc:
+        return [f"{where}: {exc}".replace("\n", " ")]
+    return []
+
+
 def arms_for(b: DictConfig, mode: Mode) -> list[DictConfig]:
     """The arms that take part in `mode`, in config order."""
     if Mode(mode) not in [Mode(m) for m in b.modes]:
@@ -224,13 +237,7 @@ def check(b: DictConfig, conf_dir: Path = CONF_DIR) -> dict[tuple[str, str, int 
             if invalid := validation_problems(cfg, where):
                 problems.extend(invalid)
                 continue
-            if cfg.model.pretrained:  # fail now, not after the speed arms have run
-                from ampft.models import ModelLoadError, check_loadable
-
-                try:
-                    check_loadable(cfg.model.name_or_path, f"model {cfg.model.name}", "model.name_or_path")
-                except ModelLoadError as exc:
-                    problems.append(f"{where}: {exc}".replace("\n", " "))
+            problems.extend(loadability_problems(cfg, where))  # fail now, not after the speed arms have run
             if mode == Mode.speed:
                 if cfg.trainer.grad_accum != 1:
                     problems.append(f"{where}: trainer.grad_accum={cfg.trainer.grad_accum}; speed mode times "

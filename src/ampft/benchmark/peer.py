@@ -34,7 +34,13 @@ import torch
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from ampft.benchmark.config import CONF_DIR, BenchmarkConfigError, compose_arm, validation_problems
+from ampft.benchmark.config import (
+    CONF_DIR,
+    BenchmarkConfigError,
+    compose_arm,
+    loadability_problems,
+    validation_problems,
+)
 from ampft.benchmark.environment import OtherLoad, describe
 
 log = logging.getLogger(__name__)
@@ -113,6 +119,7 @@ def check(p: DictConfig, conf_dir: Path = CONF_DIR) -> dict[str, DictConfig]:
         if invalid := validation_problems(cfg, where):
             problems.extend(invalid)
             continue
+        problems.extend(loadability_problems(cfg, where))  # fail now, not after other arms have run
         cfgs[arm.name] = cfg
     if problems:
         raise BenchmarkConfigError(problems)
