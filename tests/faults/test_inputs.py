@@ -164,10 +164,13 @@ def test_jsonl_line_missing_a_key_is_named(tmp_path):
         load_raw(_csv_task(train, train))
 
 
-def test_json_array_files_are_still_read(tmp_path):
+def test_json_array_files_are_read_and_a_row_missing_a_key_is_named(tmp_path):
     train = tmp_path / "train.json"
     train.write_text(json.dumps([{"sentence": "good", "label": "pos"}, {"sentence": "bad", "label": "neg"}]))
     assert load_raw(_csv_task(train, train))["validation"]["label"] == ["pos", "neg"]
+    train.write_text(json.dumps([{"sentence": "good", "label": "pos"}, {"label": "neg"}]))
+    with pytest.raises(DataError, match=r"train.json: row 2 of the JSON list lacks key\(s\) \['sentence'\]"):
+        load_raw(_csv_task(train, train))
 
 
 def test_conll_line_with_a_wrong_field_count_names_file_and_line(tmp_path):

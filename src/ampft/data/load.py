@@ -134,10 +134,16 @@ def _check_json(path: str, key: str) -> None:
         return  # the empty-file error comes from the reader
     if not path.lower().endswith(".jsonl"):
         try:
-            json.loads(text)
-            return  # one JSON document (a list of rows, or an object): the reader checks its shape
+            doc = json.loads(text)
         except json.JSONDecodeError:
             pass  # JSON lines in a .json file, or a broken document: check line by line
+        else:  # one JSON document: a list of rows (checked here), or an object the reader checks
+            rows = doc if isinstance(doc, list) and all(isinstance(r, dict) for r in doc) else []
+            for i, row in enumerate(rows[1:], 2):
+                if missing := sorted(set(rows[0]) - set(row)):
+                    raise DataError(f"{key}: row {i} of the JSON list lacks key(s) {missing} that row 1 has; every "
+                                    "row needs every column (a missing value would silently become null)")
+            return
     first: tuple[int, set[str]] | None = None
     for lineno, line in enumerate(text.split("\n"), 1):
         if not line.strip():
