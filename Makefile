@@ -6,8 +6,20 @@ VENV ?= .venv
 # ARGS passes anything else through, e.g. make finetune ARGS="-m precision=fp32,bf16" (multirun).
 # nproc=N: processes per machine (distributed.num_processes); dry_run=1 prints the launch command(s).
 OWN_VARS := VENV PYTHON PYTEST_ARGS ARGS nproc dry_run
-OVERRIDES := $(foreach v,$(filter-out $(OWN_VARS),$(.VARIABLES)),$(if $(filter command line,$(origin $(v))),'$(v)=$($(v))')) $(if $(nproc),distributed.num_processes=$(nproc)) $(ARGS)
+# ARGS is split at whitespace, each word passed on as it is. Every override and ARGS word reaches the shell as
+# one single-quoted word (a ' in it written '\''), taken with $(value) so make does not expand a $(...) in
+# it either: nothing typed on the command line is run by make or the shell; Hydra parses it or rejects it.
+OVERRIDES := $(foreach v,$(filter-out $(OWN_VARS),$(.VARIABLES)),$(if $(filter command line,$(origin $(v))),'$(subst ','\'',$(v)=$(value $(v)))')) $(if $(value nproc),'$(subst ','\'',distributed.num_processes=$(value nproc))') $(foreach a,$(value ARGS),'$(subst ','\'',$(a))')
 PYTEST_ARGS ?=
+# make exports command-line variables to the recipe's shell, expanding them (a $(shell ...) in one would run): don't.
+unexport $(foreach v,$(.VARIABLES),$(if $(filter command line,$(origin $(v))),$(v)))
+define newline
+
+
+endef
+ifneq ($(findstring $(newline),$(OVERRIDES)),)
+$(error a command-line value holds a line break: a Hydra override is one line; remove it)
+endif
 
 .PHONY: help setup finetune evaluate print-config test test-distributed lint
 help:  ## list the targets
@@ -21,7 +33,7 @@ setup:  ## create .venv and install ampft with torch (CPU build where no GPU), t
 	$(VENV)/bin/pip install -q --no-build-isolation 'deepspeed>=0.15'
 
 finetune:  ## fine-tune: make finetune [group=option] [key=value] ... [nproc=N] [dry_run=1]
-	$(PYTHON) -m ampft.launch $(if $(dry_run),--dry-run) $(OVERRIDES)
+	$(PYTHON) -m ampft.launch $(if $(value dry_run),--dry-run) $(OVERRIDES)
 
 evaluate:  ## evaluate a saved run: make evaluate run=RUN_DIR [file=PATH | split=train] (or checkpoint=PATH)
 	$(PYTHON) recipes/eval.py $(OVERRIDES)

@@ -9,8 +9,10 @@ problem in one error.
 
 from __future__ import annotations
 
+import math
 import os
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields, is_dataclass
 from datetime import datetime
 from enum import Enum
 from pathlib import Path
@@ -141,6 +143,9 @@ class TaskConfig:
     n_best: int = 20  # start and end candidates per window
     version_2: bool = False  # SQuAD v2.0: unanswerable questions, no-answer if null score wins
     null_threshold: float = 0.0  # v2: answer "" when null score - best span score > this
+    # Fraction of answered questions whose answer_start does not point at their text that is tolerated (with a
+    # warning; they train as "no answer"); more is a data error. The official SQuAD files have none.
+    max_misaligned_answers: float = 0.01
 
 
 @dataclass
@@ -366,6 +371,7 @@ def validate(cfg: DictConfig) -> list[str]:
         problems.append(f"scheduler.warmup_ratio={cfg.scheduler.warmup_ratio}: must be in [0, 1)")
 
     problems.extend(_task_problems(task, cfg.model))
+    problems.extend(range_problems(cfg))
 
     # Model.
     m = cfg.model
@@ -397,7 +403,117 @@ def validate(cfg: DictConfig) -> list[str]:
     problems.extend(errors)
     if problems:
         raise ConfigError(problems)
-    return warnings
+    return warnings + ignored_loss_scaling(cfg)
+
+
+def _finite(x) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _text(x) -> bool:
+    return isinstance(x, str) and x.strip() != ""
+
+
+# Every field's range that the schema's types do not already fix, as (key, check, what would work). Keys whose
+# range is checked with the fields they depend on, in validate() or precision.preflight, are named at the end.
+RANGES: list[tuple[str, Callable[[Any], bool], str]] = [
+    ("model.name", _text, "a model name"),
+    ("model.name_or_path", _text, "a Hub id, a local directory or pkg://package/dir"),
+    ("model.tokenizer", lambda x: x is None or _text(x), "null or a tokenizer location"),
+    ("model.offline_tokenizer", _text, "a tokenizer location"),
+    ("task.name", _text, "a task name"),
+    ("task.dataset", lambda x: x is None or _text(x), "null or a Hub dataset name"),
+    ("task.train_split", _text, "a split name"),
+    ("task.validation_split", _text, "a split name"),
+    ("task.label_column", _text, "a column name"),
+    ("task.text_fields", lambda x: all(_text(f) for f in x) and len(set(x)) == len(x), "distinct column names"),
+    ("task.labels", lambda x: x is None or (len(x) >= 2 and len(set(map(str, x))) == len(x)),
+     "null (from the data) or at least two distinct label names"),
+    ("task.max_train_samples", lambda x: x is None or x >= 1, "null (all) or >= 1"),
+    ("task.max_eval_samples", lambda x: x is None or x >= 1, "null (all) or >= 1"),
+    ("task.null_threshold", _finite, "a finite number"),
+    ("task.max_misaligned_answers", lambda x: _finite(x) and 0 <= x <= 1, "a fraction in [0, 1]"),
+    ("precision.hysteresis", lambda x: x >= 1, ">= 1"),
+    ("precision.min_scale", lambda x: _finite(x) and x > 0, "> 0"),
+    ("precision.static_scale", lambda x: x is None or (_finite(x) and x > 0), "null (dynamic) or > 0"),
+    ("distributed.main_process_port", lambda x: 1 <= x <= 65535, "a port in [1, 65535]"),
+    ("distributed.reduce_bucket_size", lambda x: x >= 1, ">= 1"),
+    ("distributed.allgather_bucket_size", lambda x: x >= 1, ">= 1"),
+    ("distributed.stage3_prefetch_bucket_size", lambda x: x >= 1, ">= 1"),
+    ("distributed.stage3_param_persistence_threshold", lambda x: x >= 0, ">= 0"),
+    ("optim.name", lambda x: x == "adamw", "adamw (the one optimizer built)"),
+    ("optim.lr", _finite, "a finite number > 0, e.g. 3e-5"),
+    ("optim.weight_decay", lambda x: _finite(x) and x >= 0, ">= 0, e.g. 0.01"),
+    ("optim.betas", lambda x: len(x) == 2 and all(_finite(b) and 0 <= b < 1 for b in x),
+     "two numbers in [0, 1), e.g. [0.9,0.999]"),
+    ("optim.eps", lambda x: _finite(x) and x > 0, "> 0, e.g. 1e-8"),
+    ("scheduler.warmup_steps", lambda x: x >= 0, ">= 0 (0: use warmup_ratio)"),
+    ("trainer.epochs", _finite, "a finite number (> 0 unless trainer.max_steps > 0)"),
+    ("trainer.eval_batch_size", lambda x: x is None or x >= 1, "null (2 x batch_size) or >= 1"),
+    ("trainer.max_grad_norm", lambda x: _finite(x) and x >= 0, ">= 0 (0: no clipping)"),
+    ("trainer.seed", lambda x: 0 <= x < 2**32, "in [0, 2^32)"),
+    ("logging.project", _text, "a project name"),
+    ("cache_dir", _text, "a directory"),
+]
+# Checked elsewhere in validate() or precision.preflight (with the fields they depend on); the rest of the
+# schema are enums and booleans that composition checks, or files and names checked where they are read.
+CHECKED_ELSEWHERE = {
+    "task.family", "task.subset", "task.train_file", "task.validation_file", "task.metrics", "task.main_metric",
+    "task.max_length", "task.extra_validation_splits", "task.token_column", "task.tag_column",
+    "task.label_all_subtokens", "task.tag_scheme", "task.seqeval_mode", "task.doc_stride", "task.max_answer_length",
+    "task.n_best", "task.version_2", "model.pretrained", "model.arch", "model.attn_implementation",
+    "precision.name", "precision.init_scale", "precision.growth_factor", "precision.backoff_factor",
+    "precision.growth_interval", "precision.max_consecutive_nonfinite", "distributed.name", "distributed.backend",
+    "distributed.num_processes", "distributed.num_machines", "distributed.machine_rank",
+    "distributed.main_process_ip", "distributed.accelerate_config", "distributed.zero_stage",
+    "distributed.offload_optimizer", "distributed.offload_param", "distributed.fsdp_reshard_after_forward",
+    "distributed.fsdp_cpu_offload", "optim.implementation", "scheduler.name", "scheduler.warmup_ratio",
+    "trainer.max_steps", "trainer.batch_size", "trainer.grad_accum", "trainer.log_every", "trainer.eval_every",
+    "trainer.group_by_length", "trainer.length_group_size", "trainer.padding", "trainer.pad_to_multiple_of",
+    "trainer.compile", "trainer.compile_buckets", "trainer.num_workers", "trainer.cpu", "trainer.progress_bar",
+    "checkpoint.every", "checkpoint.keep_last", "checkpoint.keep_best", "checkpoint.metric", "checkpoint.mode",
+    "checkpoint.resume", "checkpoint.allow_config_change", "checkpoint.export", "checkpoint.export_best",
+    "logging.name",
+}
+
+
+def schema_keys(schema: type | None = None, prefix: str = "") -> list[str]:
+    """Every leaf key of the finetune schema (dotted), for the test that each one's range is checked."""
+    out = []
+    for f in fields(schema or FinetuneConfig):
+        sub = f.default_factory if is_dataclass(f.default_factory) else None
+        out += schema_keys(sub, f"{prefix}{f.name}.") if sub else [prefix + f.name]
+    return out
+
+
+def range_problems(cfg: DictConfig) -> list[str]:
+    """Each value outside its range in RANGES, as `key=value: must be ...`."""
+    problems = []
+    for key, ok, what in RANGES:
+        value = OmegaConf.select(cfg, key)
+        shown = list(value) if OmegaConf.is_list(value) else value
+        try:
+            good = ok(value)
+        except TypeError:
+            good = False
+        if not good:
+            problems.append(f"{key}={shown}: must be {what}")
+    return problems
+
+
+def ignored_loss_scaling(cfg: DictConfig) -> list[str]:
+    """Warnings for loss-scaling keys changed from their defaults under a precision that has no loss scaling."""
+    p = cfg.precision
+    if p.name == Precision.fp16:
+        return []
+    defaults = PrecisionConfig()
+    keys = ("init_scale", "growth_factor", "backoff_factor", "growth_interval", "hysteresis", "min_scale",
+            "static_scale")
+    changed = [f"precision.{k}={p[k]}" for k in keys if p[k] != getattr(defaults, k)]
+    if not changed:
+        return []
+    return [f"{', '.join(changed)}: loss scaling is for precision=fp16 only; precision={p.name} ignores "
+            f"{'it' if len(changed) == 1 else 'them'} (remove, or use precision=fp16)"]
 
 
 def _task_problems(task: DictConfig, m: DictConfig) -> list[str]:

@@ -31,7 +31,7 @@ from transformers import PreTrainedTokenizerBase
 
 from ampft.config import Padding, Precision, TaskFamily, cache_root
 from ampft.data import demo
-from ampft.data.load import DataError
+from ampft.data.load import DataError, file_digest
 from ampft.tasks import family_for
 
 __all__ = ["DataError", "TaskData", "LengthGroupedSampler", "prepare_data", "build_dataloaders", "eval_dataloader",
@@ -60,6 +60,9 @@ def _cache_key(raw: DatasetDict, task: DictConfig, tokenizer: PreTrainedTokenize
         max_length=task.max_length,
         labels=labels,
         data=[[s, raw[s]._fingerprint] for s in raw],
+        # The files' content, not only datasets' fingerprints (which follow a local file's path and mtime).
+        files=[file_digest(p) for p in (task.train_file, task.validation_file, *task.extra_validation_splits)
+               if p is not None and task.train_file is not None],
         demo=demo.VERSION,
     )
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]

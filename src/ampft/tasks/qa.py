@@ -34,25 +34,51 @@ FEATURES = datasets.Features({
 
 
 def read_squad(path: str | Path) -> datasets.Dataset:
-    """One row per question; v2.0 unanswerable questions (`is_impossible`) get empty answer lists."""
+    """One row per question; v2.0 unanswerable questions (`is_impossible`) get empty answer lists.
+
+    A missing or mistyped key is a ValueError naming where it is (article, paragraph, question id)."""
     rows = []
+    where = "the top level"
     try:
         with open(path, encoding="utf-8") as f:
             articles = json.load(f)["data"]
-        for article in articles:
-            for paragraph in article["paragraphs"]:
-                for qa in paragraph["qas"]:
+        for a, article in enumerate(articles):
+            where = f"data[{a}]"
+            for p, paragraph in enumerate(article["paragraphs"]):
+                where = f"data[{a}].paragraphs[{p}]"
+                context = paragraph["context"]
+                for q, qa in enumerate(paragraph["qas"]):
+                    where = f"data[{a}].paragraphs[{p}].qas[{q}]"
+                    where += f" (id {qa['id']!r})"
                     answers = [] if qa.get("is_impossible", False) else qa["answers"]
+                    for i, answer in enumerate(answers):
+                        if not isinstance(answer.get("text"), str) or not isinstance(answer.get("answer_start"), int):
+                            raise ValueError(f"answers[{i}] needs a string 'text' and an integer 'answer_start', "
+                                             f"got {answer!r}")
                     rows.append({
-                        "id": qa["id"], "title": article.get("title", ""), "context": paragraph["context"],
+                        "id": qa["id"], "title": article.get("title", ""), "context": context,
                         "question": qa["question"],
                         "answers": {"text": [a["text"] for a in answers],
                                     "answer_start": [a["answer_start"] for a in answers]},
                     })
-    except (KeyError, TypeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"{path}: not SQuAD JSON ({{'data': [{{'paragraphs': [{{'qas': ...}}]}}]}}): "
-                         f"{type(exc).__name__} {exc}") from exc
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not valid JSON: {exc}") from exc
+    except (KeyError, TypeError, AttributeError, ValueError) as exc:
+        what = f"key {exc} missing" if isinstance(exc, KeyError) else f"{type(exc).__name__}: {exc}"
+        raise ValueError(f"{path}: not SQuAD JSON ({{'data': [{{'paragraphs': [{{'context': ..., 'qas': [{{'id', "
+                         f"'question', 'answers': [{{'text', 'answer_start'}}]}}]}}]}}]}}): at {where}, {what}") from exc
     return datasets.Dataset.from_list(rows, features=FEATURES)
+
+
+def misaligned_answers(ds: datasets.Dataset) -> list[str]:
+    """Ids of questions whose first answer's `answer_start` does not point at its `text` in the context.
+    Training positions come from the first answer: such a question would silently train "no answer"."""
+    bad = []
+    for row in ds.select_columns(["id", "context", "answers"]):
+        texts, starts = row["answers"]["text"], row["answers"]["answer_start"]
+        if texts and row["context"][starts[0]:starts[0] + len(texts[0])] != texts[0]:
+            bad.append(row["id"])
+    return bad
 
 
 def _tokenize(batch: Mapping[str, list], tokenizer: PreTrainedTokenizerBase, max_length: int,

@@ -11,6 +11,7 @@ Evaluation writes the answers to `predictions_<split>.json` ({id: text}, the off
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import torch
@@ -24,8 +25,29 @@ from ampft.data.load import DataError, load_splits, split_key
 from ampft.evaluation import predict
 from ampft.tasks import Family, qa
 
+log = logging.getLogger(__name__)
+
 COLUMNS = ["id", "question", "context", "answers"]
 NEG = -1e4  # logits of positions past a feature (padding across ranks); never inside its context
+
+
+def check_answers(ds: Dataset, task: DictConfig, split: str) -> None:
+    """Answers whose answer_start does not point at their text would train (or score the loss of) "no answer":
+    a DataError past task.max_misaligned_answers (a fraction of the answered questions), a warning below."""
+    bad = qa.misaligned_answers(ds)
+    if not bad:
+        return
+    answered = sum(1 for a in ds["answers"] if a["text"])
+    path = {"train": task.train_file, "validation": task.validation_file}.get(split)
+    where = f"{split_key(split)}={path}" if path and task.train_file else f"task={task.name}, {split} split"
+    msg = (f"{where}: {len(bad)} of {answered} answered questions have an answer_start that does not point at "
+           f"their answer text in the context (ids {bad[:5]}{', ...' if len(bad) > 5 else ''}); they would be "
+           "trained as \"no answer\"")
+    if len(bad) > task.max_misaligned_answers * answered:
+        raise DataError(f"{msg}. That is more than task.max_misaligned_answers={task.max_misaligned_answers} of "
+                        "them: fix answer_start (character offsets into the context, counted from 0), or raise "
+                        "task.max_misaligned_answers to train with them as they are")
+    log.warning("%s (within task.max_misaligned_answers=%s)", msg, task.max_misaligned_answers)
 
 
 class QuestionAnswering(Family):
@@ -63,6 +85,7 @@ class QuestionAnswering(Family):
             renames_here = {a: b for a, b in renames.items() if a != b}
             ds = ds.select_columns(["id", *renames])
             out[split] = (ds.rename_columns(renames_here) if renames_here else ds).select_columns(COLUMNS)
+            check_answers(out[split], task, split)
         return DatasetDict(out), None
 
     def cache_settings(self, task: DictConfig) -> dict:
