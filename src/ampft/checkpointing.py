@@ -23,6 +23,7 @@ import hashlib
 import json
 import logging
 import os
+import pickle
 import re
 import shutil
 import time
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from accelerate import Accelerator
+from accelerate.utils import load as accelerate_load
 from omegaconf import OmegaConf
 
 log = logging.getLogger(__name__)
@@ -319,7 +321,19 @@ def load(accelerator: Accelerator, path: Path) -> dict[str, Any]:
         raise CheckpointError(f"checkpoint {path}: {TRAIN_STATE} is not valid JSON: {exc}") from None
     if not isinstance(state, dict):
         raise CheckpointError(f"checkpoint {path}: {TRAIN_STATE} must hold an object, not {type(state).__name__}")
-    accelerator.load_state(str(path))
+    # Accelerate loads the RNG states weights-only too, but on failure it only logs and goes on (the resume
+    # would silently not be exact): read them first, the same way, and refuse instead.
+    for rng in sorted(path.glob("random_states_*.pkl")):
+        try:
+            accelerate_load(rng)
+        except Exception as exc:
+            raise CheckpointError(f"checkpoint {path}: {rng.name} is not a plain RNG state (loaded weights-only, "
+                                  f"nothing executed): {type(exc).__name__}: {str(exc)[:300]}") from None
+    try:
+        accelerator.load_state(str(path))
+    except (pickle.UnpicklingError, RuntimeError, ValueError, KeyError, OSError) as exc:
+        raise CheckpointError(f"checkpoint {path} could not be loaded (weights-only loading, nothing executed): "
+                              f"{type(exc).__name__}: {str(exc)[:500]}") from None
     return state
 
 
