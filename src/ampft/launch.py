@@ -106,6 +106,9 @@ def main(argv: list[str]) -> None:
             print(f"warning: {warning}", file=sys.stderr)
     except ConfigError as exc:
         raise SystemExit(f"error: {exc}") from None
+    if cfg.checkpoint.resume == "latest" and not any(o.startswith("hydra.run.dir=") for o in overrides):
+        print("warning: checkpoint.resume=latest without hydra.run.dir: this run gets a new run dir, so it starts "
+              "afresh; to resume a run, pass hydra.run.dir=<its run dir>", file=sys.stderr)
     cmds, env = commands(cfg, overrides, create=not dry_run)
     prefix = " ".join(f"{k}={v}" for k, v in env.items())
     if dry_run:

@@ -99,3 +99,12 @@ def test_resume_latest_in_a_new_folder_warns_that_it_starts_afresh(tmp_path, cap
     assert summary["steps"] == 2
     warning = [r for r in caplog.records if r.levelno == logging.WARNING and "STARTS AFRESH" in r.getMessage()]
     assert warning and "hydra.run.dir" in warning[0].getMessage()
+
+
+def test_make_finetune_resume_latest_without_a_run_dir_warns_up_front(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    proc = subprocess.run([sys.executable, "-m", "ampft.launch", "--dry-run", "model=tiny-bert",
+                           "checkpoint.resume=latest"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "checkpoint.resume=latest without hydra.run.dir" in proc.stderr and "starts afresh" in proc.stderr
+    assert "hydra.run.dir=runs/demo/tiny-bert-fp32/" in proc.stdout
