@@ -179,9 +179,11 @@ def check_run_dir(run_dir: Path, cfg: DictConfig, resume: Path | None) -> None:
                     run_dir, "" if found else " (a new run dir: to resume an earlier run, pass hydra.run.dir=<its "
                                                "run dir>)")
     if found and resume is None and not cfg.checkpoint.reuse_run_dir:
+        none = " and checkpoint.resume=latest found no checkpoint of it that verifies (see the warnings above)" \
+            if cfg.checkpoint.resume == "latest" else ""
         raise ConfigError([
-            f"hydra.run.dir={run_dir} holds a previous run ({', '.join(found)}); a new run there would mix with "
-            "it. Either resume it (checkpoint.resume=latest, or checkpoint.resume=<a checkpoint>), or start "
+            f"hydra.run.dir={run_dir} holds a previous run ({', '.join(found)}){none}; a new run there would mix "
+            "with it. Either resume it (checkpoint.resume=latest, or checkpoint.resume=<a checkpoint>), or start "
             "over in it with checkpoint.reuse_run_dir=true (its checkpoints are rotated out as new ones come, "
             "its metrics history moves to metrics.replaced.jsonl); or leave hydra.run.dir unset for a new folder"])
 
