@@ -1,31 +1,47 @@
 """Save, verify, find, rotate, resume and export.
 
 A checkpoint is `accelerator.save_state` (model, optimizer, scheduler, loss scaler, RNG states of every
-rank, and the registered training state) plus the resolved `config.yaml` and the model's `config.json`,
-written into
-`checkpoints/step_<N>.tmp` and renamed to `checkpoints/step_<N>` only once complete, with a
-`manifest.json` (step, epoch, loss, metric, config hash, every file and its size) written last. A crash
-during a save therefore never leaves a half-written `step_<N>`: `latest` takes the newest checkpoint that
-verifies against its manifest and says which ones it skipped and why.
+rank) plus the training state as `train_state.json`, the resolved `config.yaml` and the model's
+`config.json`, written into `checkpoints/step_<N>.tmp`, fsynced, and renamed to `checkpoints/step_<N>`
+only once complete, with a `manifest.json` (step, epoch, loss, metric, config hash, lineage, every file
+with its size and SHA-256) written last. A crash during a save therefore never leaves a half-written
+`step_<N>`; a checkpoint whose files differ from its manifest in any byte is never loaded, and `latest`
+falls back to the previous one, saying which ones it skipped and why.
+
+Order: every manifest has `seq` (one more than the highest in the run dir when it was written) and
+`parent` (the checkpoint this line of training came from: the previous save of the run, or the one it
+resumed from). The line going on is the chain of parents from the newest save; checkpoints off it (an
+abandoned line after a resume from an earlier step, or a previous run in a reused folder) rank before all
+of it, oldest first. `latest` takes the newest of that order, and rotation deletes from its front.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import json
 import logging
+import os
+import pickle
 import re
 import shutil
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from accelerate import Accelerator
+from accelerate.utils import load as accelerate_load
 from omegaconf import OmegaConf
 
 log = logging.getLogger(__name__)
 STEP_DIR = re.compile(r"^step_(\d+)$")
 MANIFEST = "manifest.json"
+TRAIN_STATE = "train_state.json"
+HASH = "sha256"  # hashlib; with SHA extensions the fastest of hashlib's on x86 and ARM (docs/architecture.md)
+BLOCK = 8 << 20
+PICKLE = re.compile(r"^custom_checkpoint_\d+\.pkl$")  # Accelerate's custom state: unpickled with weights_only=False
 
 # Config keys whose change breaks an exact resume (prefixes). Everything else (logging, evaluation
 # interval, max_steps, checkpoint settings, eval batch size) may change between the two runs.
@@ -33,7 +49,8 @@ MANIFEST = "manifest.json"
 EXACTNESS_KEYS = ("model.", "task.", "precision.", "optim.", "scheduler.", "trainer.seed", "trainer.batch_size",
                   "trainer.grad_accum", "trainer.max_grad_norm", "trainer.group_by_length", "trainer.length_group_size",
                   "trainer.padding", "trainer.pad_to_multiple_of", "trainer.compile", "trainer.epochs")
-HARMLESS_TASK_KEYS = ("task.max_eval_samples", "task.validation_file", "task.validation_split")
+HARMLESS_KEYS = ("task.max_eval_samples", "task.validation_file", "task.validation_split",
+                      "precision.max_loss_ratio")
 
 
 class CheckpointError(RuntimeError):
@@ -48,14 +65,42 @@ def config_hash(config: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def verify(path: Path) -> list[str]:
-    """What is wrong with a checkpoint folder (empty list: complete and as its manifest says)."""
+def _digest(path: Path, sync: bool = False) -> str:
+    """SHA-256 of a file, streamed in 8 MiB blocks (hashlib releases the GIL: files hash in parallel)."""
+    h = hashlib.new(HASH)
+    buf = memoryview(bytearray(BLOCK))
+    with open(path, "rb") as f:
+        while n := f.readinto(buf):
+            h.update(buf[:n])
+        if sync:
+            os.fsync(f.fileno())
+    return h.hexdigest()
+
+
+def digests(folder: Path, names: list[str], sync: bool = False) -> dict[str, str]:
+    with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
+        return dict(zip(names, pool.map(lambda n: _digest(folder / n, sync), names), strict=True))
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def verify(path: Path, content: bool = True) -> list[str]:
+    """What is wrong with a checkpoint folder (empty list: complete and as its manifest says).
+
+    content=False checks presence and sizes only (cheap, for listing); True also every file's checksum."""
     manifest = path / MANIFEST
     if not manifest.is_file():
         return [f"no {MANIFEST} (an interrupted or foreign save)"]
     try:
-        files = json.loads(manifest.read_text())["files"]
-    except (ValueError, KeyError) as exc:
+        body = json.loads(manifest.read_text())
+        files, sums = body["files"], body.get(HASH)
+    except (ValueError, KeyError, TypeError) as exc:
         return [f"unreadable {MANIFEST}: {exc}"]
     problems = []
     for name, size in files.items():
@@ -64,24 +109,51 @@ def verify(path: Path) -> list[str]:
             problems.append(f"{name} is missing")
         elif f.stat().st_size != size:
             problems.append(f"{name} is {f.stat().st_size} bytes, the manifest says {size}")
+    for f in sorted(path.rglob("*")):
+        name = str(f.relative_to(path))
+        if f.is_file() and name != MANIFEST and name not in files:
+            why = "a pickle, which ampft never loads" if PICKLE.match(f.name) else "not in the manifest"
+            problems.append(f"unexpected file {name} ({why})")
+    if content and not problems:
+        if not isinstance(sums, dict) or set(sums) != set(files):
+            problems.append(f"the manifest has no {HASH} checksums (written by an older ampft): its content "
+                            "cannot be checked")
+        else:
+            problems += [f"{name} does not match its {HASH} checksum (corrupted: same size, other bytes)"
+                         for name, got in digests(path, sorted(files)).items() if got != sums[name]]
     return problems
 
 
-def scan(run_dir: Path) -> tuple[list[Path], list[tuple[Path, str]]]:
-    """(complete checkpoints oldest first, [(skipped folder, why)])."""
+def _order(good: list[Path]) -> list[Path]:
+    """Oldest first; the last is the newest save of the line going on (see the module docstring)."""
+    info = {p: manifest(p) for p in good}
+    by_seq = sorted(good, key=lambda p: (info[p].get("seq", 0), info[p].get("created", 0), _step(p)))
+    if not by_seq:
+        return []
+    names = {p.name: p for p in good}
+    line = [by_seq[-1]]
+    while (parent := info[line[-1]].get("parent")) and (p := names.get(parent.get("name"))) is not None \
+            and info[p].get("seq") == parent.get("seq") and p not in line:
+        line.append(p)
+    return [p for p in by_seq if p not in line] + line[::-1]
+
+
+def scan(run_dir: Path, content: bool = False) -> tuple[list[Path], list[tuple[Path, str]]]:
+    """(complete checkpoints in timeline order, oldest first; [(skipped folder, why)])."""
     root = Path(run_dir) / "checkpoints"
     good, skipped = [], []
     for p in sorted(root.glob("step_*")):
         if not STEP_DIR.match(p.name):
-            skipped.append((p, "an unfinished save (temporary folder)"))
-        elif problems := verify(p):
+            skipped.append((p, "an unfinished save or deletion (temporary folder)"))
+        elif problems := verify(p, content):
             skipped.append((p, "; ".join(problems)))
         else:
             good.append(p)
-    return sorted(good, key=_step), skipped
+    return _order(good), skipped
 
 
 def checkpoints(run_dir: Path) -> list[Path]:
+    """Complete checkpoints (sizes checked) in timeline order: the last is the newest of the line going on."""
     return scan(run_dir)[0]
 
 
@@ -89,27 +161,95 @@ def manifest(path: Path) -> dict[str, Any]:
     return json.loads((Path(path) / MANIFEST).read_text())
 
 
-def save(accelerator: Accelerator, run_dir: Path, step: int, info: dict[str, Any], config: dict[str, Any],
-         model_config, keep_last: int, keep_best: int = 0, mode: str = "max") -> Path:
-    """Write a checkpoint atomically, then rotate: keep the last `keep_last` and the best `keep_best`."""
-    final = Path(run_dir) / "checkpoints" / f"step_{step}"
+def clean(root: Path) -> None:
+    """Remove what interrupted saves (`step_N.tmp`) and deletions (`step_N.deleting`) left behind."""
+    for p in sorted(root.glob("step_*")):
+        if p.is_dir() and not STEP_DIR.match(p.name) and p.suffix in (".tmp", ".deleting"):
+            log.info("removing %s (left by an interrupted save or deletion)", p)
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def _remove(path: Path) -> None:
+    """Delete a checkpoint so that an interruption never leaves a half-deleted `step_N` behind."""
+    aside = path.with_name(path.name + ".deleting")
+    path.rename(aside)
+    shutil.rmtree(aside)
+
+
+def _next_seq(root: Path) -> int:
+    seqs = [0]
+    for p in root.glob("step_*/" + MANIFEST):
+        with contextlib.suppress(ValueError, OSError, TypeError, AttributeError):  # a foreign or torn manifest
+            seqs.append(int(json.loads(p.read_text()).get("seq", 0)))
+    return max(seqs) + 1
+
+
+def _bytes_needed(run_dir: Path, accelerator: Accelerator) -> int:
+    """About what one checkpoint takes: the newest one's size, else weights + AdamW's two fp32 moments."""
+    found = checkpoints(run_dir)
+    if found:
+        return sum(manifest(found[-1])["files"].values())
+    params = [p for m in accelerator._models for p in m.parameters()]
+    return sum(p.numel() * p.element_size() + 8 * p.numel() for p in params)
+
+
+def save(accelerator: Accelerator, run_dir: Path, step: int, info: dict[str, Any], state: dict[str, Any],
+         config: dict[str, Any], model_config, keep_last: int, keep_best: int = 0, mode: str = "max",
+         parent: Path | None = None) -> Path:
+    """Write a checkpoint atomically, then rotate: keep the last `keep_last` of the timeline and the best
+    `keep_best`. `parent`: the checkpoint this line of training continues (the previous save, or the one
+    it resumed from). A failed write (a full disk) leaves the earlier checkpoints as they were."""
+    root = Path(run_dir) / "checkpoints"
+    final = root / f"step_{step}"
     tmp = final.with_name(final.name + ".tmp")
-    if accelerator.is_main_process and tmp.exists():
-        shutil.rmtree(tmp)
-    accelerator.wait_for_everyone()
-    accelerator.save_state(str(tmp))
-    accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        (tmp / "config.yaml").write_text(OmegaConf.to_yaml(config))
-        model_config.to_json_file(tmp / "config.json")  # the architecture, to evaluate this checkpoint alone
-        files = {str(p.relative_to(tmp)): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()}
-        body = {"step": step, **info, "config_hash": config_hash(config), "created": time.time(), "files": files}
-        (tmp / MANIFEST).write_text(json.dumps(body, indent=2))  # written last: its presence means complete
-        if final.exists():
-            shutil.rmtree(final)
+        root.mkdir(parents=True, exist_ok=True)
+        clean(root)
+    accelerator.wait_for_everyone()
+    try:
+        accelerator.save_state(str(tmp))
+        accelerator.wait_for_everyone()
+        if accelerator.is_main_process:
+            (tmp / TRAIN_STATE).write_text(json.dumps(state, indent=1))
+            (tmp / "config.yaml").write_text(OmegaConf.to_yaml(config))
+            model_config.to_json_file(tmp / "config.json")  # the architecture, to evaluate this checkpoint alone
+            names = [str(p.relative_to(tmp)) for p in sorted(tmp.rglob("*")) if p.is_file()]
+            sums = digests(tmp, names, sync=True)  # read back and flushed to disk
+            lineage = None
+            if parent is not None and (Path(parent) / MANIFEST).is_file():
+                lineage = {"name": Path(parent).name, "seq": manifest(parent).get("seq", 0)}
+            body = {"step": step, **info, "config_hash": config_hash(config), "created": time.time(),
+                    "seq": _next_seq(root), "parent": lineage,
+                    "files": {n: (tmp / n).stat().st_size for n in names}, HASH: sums}
+            with open(tmp / MANIFEST, "w") as f:  # written last: its presence means complete
+                f.write(json.dumps(body, indent=2))
+                f.flush()
+                os.fsync(f.fileno())
+            _fsync_dir(tmp)
+    except Exception as exc:
+        if accelerator.is_main_process:
+            shutil.rmtree(tmp, ignore_errors=True)
+        free = shutil.disk_usage(root).free
+        need = _bytes_needed(run_dir, accelerator)
+        full = getattr(exc, "errno", None) == errno.ENOSPC or "No space left" in str(exc) or free < need
+        raise CheckpointError(
+            f"could not write checkpoint {final.name} into run dir {run_dir}: {type(exc).__name__}: {exc}\n"
+            f"  free space there: {free / 2**20:.1f} MiB; a checkpoint needs about {need / 2**20:.1f} MiB"
+            + (" (the disk is full)" if full else "") + ".\n"
+            f"  The earlier checkpoints are intact: {[p.name for p in checkpoints(run_dir)] or 'none'}. Free "
+            "some space (or lower checkpoint.keep_last) and resume with checkpoint.resume=latest."
+        ) from exc
+    if accelerator.is_main_process:
+        replaced = None
+        if final.exists():  # the same step of an abandoned line: replaced only once the new one is complete
+            replaced = final.with_name(final.name + ".deleting")
+            final.rename(replaced)
         tmp.rename(final)
+        _fsync_dir(root)
+        if replaced is not None:
+            shutil.rmtree(replaced)
         for old in rotate(checkpoints(run_dir), keep_last, keep_best, mode):
-            shutil.rmtree(old)
+            _remove(old)
         log.info("checkpoint saved: %s", final)
     accelerator.wait_for_everyone()
     return final
@@ -127,22 +267,29 @@ def best(found: list[Path], mode: str, k: int = 1) -> list[Path]:
 
 
 def rotate(found: list[Path], keep_last: int, keep_best: int, mode: str) -> list[Path]:
-    """Checkpoints to delete: all but the last `keep_last` and the best `keep_best`."""
+    """Checkpoints to delete: all but the last `keep_last` of `found` (in timeline order) and the best
+    `keep_best`."""
     keep = set(found[-keep_last:]) | set(best(found, mode, keep_best) if keep_best else [])
     return [p for p in found if p not in keep]
 
 
 def resolve_resume(run_dir: Path, resume: str | None) -> Path | None:
-    """`latest` → the newest complete checkpoint of this run dir (None if none); a path → verified."""
+    """`latest` → the newest checkpoint of the line going on whose every byte verifies (None if none);
+    a path → that checkpoint, verified."""
     if resume is None:
         return None
     if resume == "latest":
         good, skipped = scan(run_dir)
-        newest = _step(good[-1]) if good else -1
+        chosen = None
+        for path in reversed(good):
+            if problems := verify(path, content=True):
+                skipped.append((path, "; ".join(problems)))
+            else:
+                chosen = path
+                break
         for path, why in skipped:
-            if not STEP_DIR.match(path.name) or _step(path) > newest:
-                log.warning("checkpoint.resume=latest: skipping %s: %s", path, why)
-        return good[-1] if good else None
+            log.warning("checkpoint.resume=latest: skipping %s: %s", path, why)
+        return chosen
     path = Path(resume)
     problems = verify(path) if path.is_dir() else ["no such folder"]
     if problems:
@@ -152,6 +299,42 @@ def resolve_resume(run_dir: Path, resume: str | None) -> Path | None:
             "(or checkpoint.resume=latest)."
         )
     return path
+
+
+def load(accelerator: Accelerator, path: Path) -> dict[str, Any]:
+    """Load a verified checkpoint into the prepared objects; return its training state (plain JSON).
+
+    Nothing here unpickles arbitrary objects: weights come from safetensors, the optimizer, scheduler,
+    scaler and RNG states through `torch.load(weights_only=True)` (Accelerate's default), and the
+    training state from JSON. A folder with a pickled custom state is refused before anything is read."""
+    path = Path(path)
+    pickles = sorted(p.name for p in path.iterdir() if PICKLE.match(p.name))
+    if pickles:
+        raise CheckpointError(
+            f"checkpoint {path} holds {', '.join(pickles)}: a pickle, which ampft never loads (unpickling runs "
+            f"code). Checkpoints of this ampft keep the training state in {TRAIN_STATE}; resume from one of those.")
+    if not (path / TRAIN_STATE).is_file():
+        raise CheckpointError(f"checkpoint {path} has no {TRAIN_STATE}: not an ampft checkpoint of this version")
+    try:
+        state = json.loads((path / TRAIN_STATE).read_text())
+    except ValueError as exc:
+        raise CheckpointError(f"checkpoint {path}: {TRAIN_STATE} is not valid JSON: {exc}") from None
+    if not isinstance(state, dict):
+        raise CheckpointError(f"checkpoint {path}: {TRAIN_STATE} must hold an object, not {type(state).__name__}")
+    # Accelerate loads the RNG states weights-only too, but on failure it only logs and goes on (the resume
+    # would silently not be exact): read them first, the same way, and refuse instead.
+    for rng in sorted(path.glob("random_states_*.pkl")):
+        try:
+            accelerate_load(rng)
+        except Exception as exc:
+            raise CheckpointError(f"checkpoint {path}: {rng.name} is not a plain RNG state (loaded weights-only, "
+                                  f"nothing executed): {type(exc).__name__}: {str(exc)[:300]}") from None
+    try:
+        accelerator.load_state(str(path))
+    except (pickle.UnpicklingError, RuntimeError, ValueError, KeyError, OSError) as exc:
+        raise CheckpointError(f"checkpoint {path} could not be loaded (weights-only loading, nothing executed): "
+                              f"{type(exc).__name__}: {str(exc)[:500]}") from None
+    return state
 
 
 def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -166,7 +349,7 @@ def breaking_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[str
     a, b = _flat(saved), _flat(current)
     out = []
     for key in sorted(set(a) | set(b)):
-        if a.get(key) == b.get(key) or key.startswith(HARMLESS_TASK_KEYS):
+        if a.get(key) == b.get(key) or key.startswith(HARMLESS_KEYS):
             continue
         if key.startswith(EXACTNESS_KEYS):
             out.append(f"{key}: {a.get(key)!r} -> {b.get(key)!r}")

@@ -9,8 +9,11 @@ problem in one error.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
+import secrets
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, is_dataclass
 from datetime import datetime
@@ -82,6 +85,16 @@ class SchedulerName(Choice):
 class MetricMode(Choice):
     max = "max"
     min = "min"
+
+
+LOWER_IS_BETTER = ("loss", "error")  # metric names ending so are minimised (validation loss, error rates)
+
+
+def metric_mode(metric: str, mode: MetricMode | str | None) -> str:
+    """`checkpoint.mode`, or when null the direction of the metric: min for loss/error, max otherwise."""
+    if mode is not None:
+        return MetricMode(mode).value
+    return "min" if metric.split("/")[-1].endswith(LOWER_IS_BETTER) else "max"
 
 
 class LoggerName(Choice):
@@ -161,6 +174,10 @@ class PrecisionConfig:
     static_scale: float | None = None
     # Stop the run after this many optimizer steps in a row with a non-finite loss.
     max_consecutive_nonfinite: int = 10
+    # Stop the run when a logging window's mean loss exceeds this multiple of the initial loss (the first
+    # micro-batch's, before any update); 0 disables. Fine-tuning stays well below it; a run that diverges
+    # (too high a learning rate) crosses it within a few steps.
+    max_loss_ratio: float = 10.0
 
 
 class Backend(Choice):
@@ -243,9 +260,12 @@ class CheckpointConfig:
     keep_last: int = 2
     keep_best: int = 0  # also keep the best K by `metric` (evaluated at each checkpoint)
     metric: str | None = None  # null: task.main_metric; or `loss` (the validation loss)
-    mode: MetricMode = MetricMode.max
+    mode: MetricMode | None = None  # null: from the metric (min for loss, max for the others)
     resume: str | None = None  # latest | a checkpoint folder
     allow_config_change: bool = False  # resume even if exactness-relevant settings changed
+    # Start a new run (no resume) in a run dir that holds a previous one; its checkpoints are rotated out
+    # as the new ones come, its metrics history moves to metrics.replaced.jsonl.
+    reuse_run_dir: bool = False
     export: bool = True
     export_best: bool = False  # export the best checkpoint's weights instead of the last ones
 
@@ -272,11 +292,15 @@ class FinetuneConfig:
 
 
 def run_stamp() -> str:
-    """The run directory's timestamp, the same in every rank that one launcher started.
+    """The run directory's name: start time to the second and a 6-hex-digit suffix, the same in every rank
+    that one launcher started, different between any two runs.
 
     `accelerate launch recipes/finetune.py` typed by hand starts every rank's Hydra on its own; a plain
     `${now:}` would give each rank its own run directory. All ranks of a machine share the launcher
-    process (their parent), so its start time names the run. (`make finetune` passes hydra.run.dir.)
+    process (their parent), so its start time names the run, and the suffix is a hash of the host name,
+    the launcher's pid and its start time. A lone process takes a random suffix, so two runs started in
+    the same second (also on two machines sharing a filesystem) never share a folder. (`make finetune`
+    decides the run dir itself and creates it atomically, see `ampft.launch`.)
     """
     fmt = "%Y-%m-%d_%H-%M-%S"
     if "LOCAL_RANK" in os.environ:
@@ -284,10 +308,12 @@ def run_stamp() -> str:
             start_ticks = int(Path(f"/proc/{os.getppid()}/stat").read_text().rsplit(")", 1)[1].split()[19])
             boot = next(int(x.split()[1]) for x in Path("/proc/stat").read_text().splitlines()
                         if x.startswith("btime"))
-            return datetime.fromtimestamp(boot + start_ticks / os.sysconf("SC_CLK_TCK")).strftime(fmt)
+            started = datetime.fromtimestamp(boot + start_ticks / os.sysconf("SC_CLK_TCK"))
+            launcher = f"{socket.gethostname()}:{os.getppid()}:{start_ticks}:{boot}"
+            return f"{started.strftime(fmt)}_{hashlib.sha256(launcher.encode()).hexdigest()[:6]}"
         except (OSError, ValueError, IndexError, StopIteration):
             pass
-    return datetime.now().strftime(fmt)
+    return f"{datetime.now().strftime(fmt)}_{secrets.token_hex(3)}"
 
 
 def register_configs() -> None:
@@ -358,6 +384,11 @@ def validate(cfg: DictConfig) -> list[str]:
     if ck.metric is not None and ck.metric != "loss" and ck.metric not in metric_keys(task):
         problems.append(f"checkpoint.metric={ck.metric}: not one of {metric_keys(task)} (from task.metrics="
                         f"{list(task.metrics)}) or loss")
+    metric = ck.metric or task.main_metric
+    if ck.mode is not None and ck.mode != metric_mode(metric, None):
+        problems.append(f"checkpoint.mode={ck.mode} with checkpoint.metric={metric}: {metric} is better when "
+                        f"{'lower' if metric_mode(metric, None) == 'min' else 'higher'}; the best checkpoint would be "
+                        "the worst. Leave checkpoint.mode unset (null: inferred from the metric)")
     if (ck.keep_best or ck.export_best) and not ck.every:
         problems.append("checkpoint.keep_best/export_best need periodic checkpoints: set checkpoint.every=N")
     if cfg.optim.lr <= 0:
@@ -463,7 +494,7 @@ CHECKED_ELSEWHERE = {
     "task.label_all_subtokens", "task.tag_scheme", "task.seqeval_mode", "task.doc_stride", "task.max_answer_length",
     "task.n_best", "task.version_2", "model.pretrained", "model.arch", "model.attn_implementation",
     "precision.name", "precision.init_scale", "precision.growth_factor", "precision.backoff_factor",
-    "precision.growth_interval", "precision.max_consecutive_nonfinite", "distributed.name", "distributed.backend",
+    "precision.growth_interval", "precision.max_consecutive_nonfinite", "precision.max_loss_ratio", "distributed.name", "distributed.backend",
     "distributed.num_processes", "distributed.num_machines", "distributed.machine_rank",
     "distributed.main_process_ip", "distributed.accelerate_config", "distributed.zero_stage",
     "distributed.offload_optimizer", "distributed.offload_param", "distributed.fsdp_reshard_after_forward",
@@ -473,7 +504,7 @@ CHECKED_ELSEWHERE = {
     "trainer.compile", "trainer.compile_buckets", "trainer.num_workers", "trainer.cpu", "trainer.progress_bar",
     "checkpoint.every", "checkpoint.keep_last", "checkpoint.keep_best", "checkpoint.metric", "checkpoint.mode",
     "checkpoint.resume", "checkpoint.allow_config_change", "checkpoint.export", "checkpoint.export_best",
-    "logging.name",
+    "checkpoint.reuse_run_dir", "logging.name",
 }
 
 

@@ -9,13 +9,14 @@ in `state.skipped`. Losses and token counts stay on the device and are read only
 from __future__ import annotations
 
 import logging
+import math
 import signal
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import torch
@@ -23,7 +24,7 @@ from accelerate import Accelerator
 from omegaconf import DictConfig
 
 from ampft import checkpointing
-from ampft.config import to_plain
+from ampft.config import metric_mode, to_plain
 from ampft.tracking import Tracker
 
 log = logging.getLogger(__name__)
@@ -46,13 +47,35 @@ class TrainState:
     eval_step: int = -1  # step of the latest evaluation
     eval_results: dict | None = None
     loss_scale: float | None = None  # fp16: the scale at the end of training
+    initial_loss: float | None = None  # the first micro-batch's loss, before any update (divergence guard)
 
     def state_dict(self) -> dict:
         return asdict(self)
 
     def load_state_dict(self, state: dict) -> None:
+        """Exactly the known fields, each of its type (a checkpoint's train_state.json is data, never code)."""
+        known = {f.name: f.type for f in fields(self)}
+        problems = [f"unknown key {k!r}" for k in state if k not in known]
+        problems += [f"missing key {k!r}" for k in known if k not in state]
+        problems += [f"{k}={v!r} is not of type {known[k]}" for k, v in state.items()
+                     if k in known and not _fits(v, known[k])]
+        if problems:
+            raise checkpointing.CheckpointError(f"{checkpointing.TRAIN_STATE} does not hold an ampft training state: "
+                                                + "; ".join(problems))
         for k, v in state.items():
             setattr(self, k, v)
+
+
+def _fits(value, annotation: str) -> bool:
+    """`value` is JSON data of the annotated type (`int`, `float`, `dict | None`, ...); a dict maps names to
+    numbers (evaluation results)."""
+    kinds = {"int": (int,), "float": (int, float), "dict": (dict,), "None": (type(None),)}
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, dict) and not all(isinstance(k, str) and isinstance(v, int | float) and not isinstance(v, bool)
+                                           for k, v in value.items()):
+        return False
+    return any(isinstance(value, kinds[a.strip()]) for a in annotation.split("|"))
 
 
 @dataclass
@@ -68,6 +91,7 @@ class Loop:
     run_dir: Path
     max_steps: int
     state: TrainState
+    last_checkpoint: Path | None = None  # the newest checkpoint of this line (saved, or resumed from)
 
 
 class Meters:
@@ -97,7 +121,7 @@ class Meters:
 
 
 class TrainingDiverged(RuntimeError):
-    """Non-finite losses or a collapsed fp16 loss scale: stop, keep the last good checkpoint."""
+    """Non-finite or exploding losses, or a collapsed fp16 loss scale: stop, keep the last good checkpoint."""
 
 
 class Guard:
@@ -107,10 +131,18 @@ class Guard:
     (and its maximum); it is read every `max_consecutive_nonfinite` attempts and at logging points. Under
     fp16 the loss scale is read after every step (GradScaler already syncs there) and its changes are
     kept as the scale history that the error message shows.
+
+    A loss explosion (a logging window's mean loss above `precision.max_loss_ratio` times the loss of the
+    run's first micro-batch, taken before any update) also stops the run; it is checked at logging points
+    and before every checkpoint, so no checkpoint is written from exploded weights.
     """
 
-    def __init__(self, acc: Accelerator, p: DictConfig):
-        self.acc, self.p = acc, p
+    def __init__(self, acc: Accelerator, p: DictConfig, st: TrainState | None = None,
+                 last_checkpoint: Callable[[], Path | None] = lambda: None):
+        self.acc, self.p, self.st, self.last_checkpoint = acc, p, st, last_checkpoint
+        self.window_sum = torch.zeros((), device=acc.device)
+        self.window_n = 0
+        self.first: torch.Tensor | None = None
         self.step_bad = torch.zeros((), dtype=torch.bool, device=acc.device)
         self.run = torch.zeros((), dtype=torch.long, device=acc.device)
         self.worst = torch.zeros((), dtype=torch.long, device=acc.device)
@@ -121,7 +153,28 @@ class Guard:
             self.history.append((0, self.scale))
 
     def see_loss(self, loss: torch.Tensor) -> None:
-        self.step_bad |= ~torch.isfinite(loss.detach())
+        loss = loss.detach()
+        self.step_bad |= ~torch.isfinite(loss)
+        self.window_sum += loss.float()
+        self.window_n += 1
+        if self.first is None and self.st is not None and self.st.initial_loss is None:
+            self.first = loss.float().clone()
+
+    def check_loss(self, step: int) -> None:
+        """The window since the last call against the initial loss (one host sync; at logging points and
+        checkpoints)."""
+        if self.st is None or not self.window_n:
+            return
+        window = float(self.acc.reduce(self.window_sum, reduction="mean")) / self.window_n
+        self.window_sum.zero_()
+        self.window_n = 0
+        if self.st.initial_loss is None and self.first is not None:
+            self.st.initial_loss = float(self.acc.reduce(self.first, reduction="mean"))
+        ratio, initial = self.p.max_loss_ratio, self.st.initial_loss
+        if ratio and initial is not None and math.isfinite(window) and math.isfinite(initial) \
+                and window > ratio * abs(initial):
+            self.fail(step, f"the loss exploded: {window:.4g} over the last steps, more than precision.max_loss_ratio="
+                            f"{ratio:g} x the initial loss {initial:.4g}")
 
     def end_step(self, step: int) -> None:
         """After each optimizer step attempt (applied or skipped)."""
@@ -148,12 +201,20 @@ class Guard:
 
     def fail(self, step: int, what: str) -> None:
         history = ", ".join(f"step {s}: {v:g}" for s, v in self.history) or "n/a (no loss scaling)"
+        last = self.last_checkpoint()
+        if last is not None:
+            m = checkpointing.manifest(last)
+            kept = (f"The last checkpoint, {last} (step {m['step']}, loss {m.get('loss', float('nan')):.4g}), "
+                    "passed these checks and is intact; resume from it with a fix: "
+                    f"checkpoint.resume={last} checkpoint.allow_config_change=true.")
+        else:
+            kept = "There is no checkpoint of this run to go back to."
         raise TrainingDiverged(
             f"training diverged at step {step}: {what}.\n"
             f"  loss-scale history: {history}\n"
             "  likely fixes: precision=bf16 (fp32's range, no loss scaling); a lower optim.lr or more "
             "scheduler.warmup_steps; trainer.max_grad_norm=1.0; for fp16 a smaller precision.init_scale.\n"
-            "  The last good checkpoint (if any) is intact; no checkpoint was written from these weights."
+            f"  No checkpoint was written from these weights. {kept}"
         )
 
 
@@ -170,7 +231,7 @@ def _fit(loop: Loop, preempt: dict) -> TrainState:
     acc, model, opt, sched, st = loop.accelerator, loop.model, loop.optimizer, loop.scheduler, loop.state
     tr, ck = loop.cfg.trainer, loop.cfg.checkpoint
     meters = Meters(acc)
-    guard = Guard(acc, loop.cfg.precision)
+    guard = Guard(acc, loop.cfg.precision, st, lambda: loop.last_checkpoint)
     window_loss = torch.zeros((), device=acc.device)
     window_batches, window_skipped = 0, 0
     grad_norm = None
@@ -233,13 +294,15 @@ def _fit(loop: Loop, preempt: dict) -> TrainState:
                 window_loss.zero_()
                 window_batches, window_skipped = 0, 0
                 guard.check(st.step)
+                guard.check_loss(st.step)
             if tr.eval_every and st.step % tr.eval_every == 0:
                 evaluate(loop, meters)
             if ck.every and st.step % ck.every == 0:
                 _checkpoint(loop, meters, guard)
             if st.step < loop.max_steps and _preempted(loop, preempt, meters, guard):
-                raise Preempted(f"stopped by {preempt['signal']} at step {st.step}; checkpoint written. "
-                                f"Resume: hydra.run.dir={loop.run_dir} checkpoint.resume=latest")
+                raise Preempted(f"stopped by {preempt['signal']} at step {st.step}; checkpoint written: "
+                                f"{loop.last_checkpoint}. Resume: hydra.run.dir={loop.run_dir} "
+                                "checkpoint.resume=latest")
             if st.step >= loop.max_steps:
                 break
         else:  # the epoch ran out before max_steps
@@ -253,6 +316,7 @@ def _fit(loop: Loop, preempt: dict) -> TrainState:
     if window_batches:  # the last, partial logging window
         _close_window(st, acc, window_loss, window_batches)
     guard.check(st.step)
+    guard.check_loss(st.step)
     st.loss_scale = guard.scale
     if st.eval_step != st.step:
         evaluate(loop, meters)
@@ -279,6 +343,7 @@ def _checkpoint(loop: Loop, meters: Meters, guard: Guard) -> None:
     meters.fold(loop.state)
     st, ck = loop.state, loop.cfg.checkpoint
     guard.check(st.step)
+    guard.check_loss(st.step)
     if not weights_finite(loop.model):  # never overwrite good checkpoints with broken weights
         guard.fail(st.step, "the weights are not finite at a checkpoint")
     metric = None
@@ -288,8 +353,10 @@ def _checkpoint(loop: Loop, meters: Meters, guard: Guard) -> None:
         name = ck.metric or loop.cfg.task.main_metric
         metric = {"name": name, "value": st.eval_results[name]}
     info = dict(epoch=st.epoch, batch_in_epoch=st.batch_in_epoch, loss=st.last_loss, metric=metric)
-    checkpointing.save(loop.accelerator, loop.run_dir, st.step, info, to_plain(loop.cfg),
-                       loop.accelerator.unwrap_model(loop.model).config, ck.keep_last, ck.keep_best, ck.mode.value)
+    loop.last_checkpoint = checkpointing.save(
+        loop.accelerator, loop.run_dir, st.step, info, st.state_dict(), to_plain(loop.cfg),
+        loop.accelerator.unwrap_model(loop.model).config, ck.keep_last, ck.keep_best,
+        metric_mode(ck.metric or loop.cfg.task.main_metric, ck.mode), parent=loop.last_checkpoint)
     meters.restart()
 
 
@@ -327,6 +394,7 @@ def _preempted(loop: Loop, flag: dict, meters: Meters, guard: Guard) -> bool:
         requested = bool(acc.reduce(torch.tensor(flag["signal"] is not None, device=acc.device), "max"))
     else:
         return False
-    if requested:
+    saved = loop.last_checkpoint is not None and loop.last_checkpoint.name == f"step_{st.step}"
+    if requested and not saved:  # a checkpoint step already saved this step
         _checkpoint(loop, meters, guard)
     return requested

@@ -22,7 +22,16 @@ from omegaconf import DictConfig, OmegaConf
 from transformers import PreTrainedTokenizerBase, get_scheduler
 
 from ampft import checkpointing, distributed, precision, tasks
-from ampft.config import LoggerName, OptimImplementation, TaskFamily, flat, to_plain, validate
+from ampft.config import (
+    ConfigError,
+    LoggerName,
+    OptimImplementation,
+    TaskFamily,
+    flat,
+    metric_mode,
+    to_plain,
+    validate,
+)
 from ampft.data import build_dataloaders, eval_dataloader, prepare_data
 from ampft.engine import Loop, TrainingDiverged, TrainState, fit, weights_finite
 from ampft.models import MODEL_CLASSES, build_model, load_tokenizer
@@ -99,13 +108,16 @@ def build(cfg: DictConfig, run_dir: Path) -> tuple[Loop, PreTrainedTokenizerBase
     """Everything the loop needs, after validation; resumed from a checkpoint if asked."""
     for warning in validate(cfg):
         log.warning(warning)
+    # Before anything is written, on every rank (they see the same folder): resume target and run dir.
+    resume = checkpointing.resolve_resume(run_dir, cfg.checkpoint.resume)
+    if resume is not None:
+        checkpointing.check_config(resume, to_plain(cfg), cfg.checkpoint.allow_config_change)
+    check_run_dir(run_dir, cfg, resume)
     set_seed(cfg.trainer.seed)
     accelerator = make_accelerator(cfg, run_dir)
     distributed.check_world(accelerator)
     ran_precision = precision.setup(accelerator, cfg.precision)
-    resume = checkpointing.resolve_resume(run_dir, cfg.checkpoint.resume)  # before any heavy work
-    if resume is not None:
-        checkpointing.check_config(resume, to_plain(cfg), cfg.checkpoint.allow_config_change)
+    accelerator.wait_for_everyone()  # every rank has checked the run dir before the main process writes
     if accelerator.is_main_process:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(to_plain(cfg)))
@@ -133,29 +145,47 @@ def build(cfg: DictConfig, run_dir: Path) -> tuple[Loop, PreTrainedTokenizerBase
     warmup = s.warmup_steps if s.warmup_steps > 0 else math.ceil(s.warmup_ratio * max_steps)
     scheduler = get_scheduler(s.name.value, optimizer, num_warmup_steps=warmup, num_training_steps=max_steps)
     scheduler = accelerator.prepare(scheduler)
-    state = TrainState()
-    accelerator.register_for_checkpointing(state)
+    state = TrainState()  # checkpointed as JSON by checkpointing.save, not registered with Accelerate
 
     if resume is not None:
-        accelerator.load_state(str(resume))
+        state.load_state_dict(checkpointing.load(accelerator, resume))
         log.info("resumed from %s at step %d (epoch %d, batch %d)", resume, state.step, state.epoch,
                  state.batch_in_epoch)
-    elif cfg.checkpoint.resume == "latest":
-        log.info("checkpoint.resume=latest: no checkpoint in %s yet, starting from scratch", run_dir)
 
     tracker = Tracker(accelerator, run_dir, cfg.logging.name.value, cfg.logging.project,
-                      flat(to_plain(cfg)), max_steps, tr.progress_bar)
+                      flat(to_plain(cfg)), max_steps, tr.progress_bar, history_until=state.step)
     # Under torch.compile, evaluation runs the eager module: the compiled graphs are the training step's
     # (eval mode would compile a second set for a few hundred batches).
     eval_model = model._orig_mod if is_compiled_module(model) else model
     loop = Loop(
         accelerator=accelerator, model=model, optimizer=optimizer, scheduler=scheduler, train_dl=train_dl,
         evaluate=lambda: tasks.evaluate(accelerator, eval_model, data, eval_dls, cfg.task, run_dir),
-        tracker=tracker, cfg=cfg, run_dir=run_dir, max_steps=max_steps, state=state,
+        tracker=tracker, cfg=cfg, run_dir=run_dir, max_steps=max_steps, state=state, last_checkpoint=resume,
     )
     log.info("training: %d optimizer steps (%d per epoch), batch %d x %d processes x %d accumulation",
              max_steps, steps_per_epoch, tr.batch_size, accelerator.num_processes, tr.grad_accum)
     return loop, tokenizer, ran_precision
+
+
+# What a run leaves in its run dir (Hydra's own .hydra/ and <job>.log aside).
+RUN_ARTIFACTS = ("config.yaml", "metrics.jsonl", "summary.json", "checkpoints", "model", "tokenizer")
+
+
+def check_run_dir(run_dir: Path, cfg: DictConfig, resume: Path | None) -> None:
+    """A new run never mixes with a previous one in the same folder, unless asked to."""
+    found = [n for n in RUN_ARTIFACTS if (run_dir / n).exists()]
+    if cfg.checkpoint.resume == "latest" and resume is None:
+        log.warning("checkpoint.resume=latest: no checkpoint in %s, so this run STARTS AFRESH from step 0%s",
+                    run_dir, "" if found else " (a new run dir: to resume an earlier run, pass hydra.run.dir=<its "
+                                               "run dir>)")
+    if found and resume is None and not cfg.checkpoint.reuse_run_dir:
+        none = " and checkpoint.resume=latest found no checkpoint of it that verifies (see the warnings above)" \
+            if cfg.checkpoint.resume == "latest" else ""
+        raise ConfigError([
+            f"hydra.run.dir={run_dir} holds a previous run ({', '.join(found)}){none}; a new run there would mix "
+            "with it. Either resume it (checkpoint.resume=latest, or checkpoint.resume=<a checkpoint>), or start "
+            "over in it with checkpoint.reuse_run_dir=true (its checkpoints are rotated out as new ones come, "
+            "its metrics history moves to metrics.replaced.jsonl); or leave hydra.run.dir unset for a new folder"])
 
 
 def finish(loop: Loop, tokenizer: PreTrainedTokenizerBase, ran_precision: str, started: float,
@@ -202,10 +232,12 @@ def finish(loop: Loop, tokenizer: PreTrainedTokenizerBase, ran_precision: str, s
     )
     if cfg.checkpoint.export:
         summary["exported"] = f"last (step {state.step})"
-        if cfg.checkpoint.export_best and (top := checkpointing.best(checkpointing.checkpoints(run_dir),
-                                                                     cfg.checkpoint.mode.value)):
+        ck = cfg.checkpoint
+        mode = metric_mode(ck.metric or cfg.task.main_metric, ck.mode)
+        ranked = checkpointing.best(checkpointing.checkpoints(run_dir), mode, k=ck.keep_best + ck.keep_last)
+        if ck.export_best and (top := [p for p in ranked if not checkpointing.verify(p)][:1]):
             m = checkpointing.manifest(top[0])["metric"]
-            accelerator.load_state(str(top[0]))  # the best weights (the summary above stays the run's)
+            checkpointing.load(accelerator, top[0])  # the best weights (the summary above stays the run's)
             summary["exported"] = f"best: {top[0].name} ({m['name']}={m['value']:.4g})"
         if not weights_finite(model):
             raise TrainingDiverged("the final weights are not finite: not exporting them")

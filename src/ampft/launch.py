@@ -4,14 +4,17 @@
     python -m ampft.launch [--dry-run] [hydra overrides ...]
 
 The config is composed and validated first, so a mistake fails once, not in every rank. The run directory
-is decided here, once, and handed to every rank (`hydra.run.dir=...`); with several machines it must be
-on a shared filesystem and is taken from `hydra.run.dir=` or `$SLURM_JOB_ID`. `--dry-run` prints the exact
+is decided here, once, and handed to every rank (`hydra.run.dir=...`): unless given, a new folder named
+by the start time and a random suffix, created atomically (`mkdir` that fails if it exists), so no two
+runs ever share one, also across machines on a shared filesystem. With several machines it must be on a
+shared filesystem and is taken from `hydra.run.dir=` or `$SLURM_JOB_ID`. `--dry-run` prints the exact
 command for every machine instead of running it.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import shlex
 import sys
 import time
@@ -33,7 +36,9 @@ def compose(overrides: list[str]) -> DictConfig:
         return hydra_compose(config_name="finetune", overrides=overrides)
 
 
-def _run_dir(cfg: DictConfig, overrides: list[str]) -> str | None:
+def _run_dir(cfg: DictConfig, overrides: list[str], create: bool = True) -> str | None:
+    """hydra.run.dir if given; else a new folder `<time>_<random>` under runs/<task>/<model>-<precision>,
+    created here (exist_ok=False: taken by no other run); None for several machines outside SLURM."""
     given = [o.split("=", 1)[1] for o in overrides if o.startswith("hydra.run.dir=")]
     if given:
         return given[-1]
@@ -41,20 +46,29 @@ def _run_dir(cfg: DictConfig, overrides: list[str]) -> str | None:
     if cfg.distributed.num_machines > 1:
         job = os.environ.get("SLURM_JOB_ID")
         return f"{base}/job-{job}" if job else None
-    return f"{base}/{time.strftime('%Y-%m-%d_%H-%M-%S')}"
+    while True:
+        path = f"{base}/{time.strftime('%Y-%m-%d_%H-%M-%S')}_{secrets.token_hex(3)}"
+        if not create:
+            return path
+        try:
+            Path(path).mkdir(parents=True, exist_ok=False)
+            return path
+        except FileExistsError:  # another run took this name in the same second: draw again
+            continue
 
 
-def commands(cfg: DictConfig, overrides: list[str]) -> tuple[list[list[str]], dict[str, str]]:
-    """(one command per machine, extra environment). A single process: the recipe itself."""
+def commands(cfg: DictConfig, overrides: list[str], create: bool = True) -> tuple[list[list[str]], dict[str, str]]:
+    """(one command per machine, extra environment). A single process: the recipe itself. `create`: make
+    the new run dir (False for --dry-run)."""
     import torch
 
     from ampft.config import Backend
 
     d = cfg.distributed
+    passed = [o for o in overrides if not o.startswith("hydra.run.dir=")]
     if d.backend == Backend.single and d.num_processes == 1 and d.num_machines == 1:
-        return [[sys.executable, RECIPE, *overrides]], {}
-    run_dir = _run_dir(cfg, overrides)
-    if run_dir is None:
+        return [[sys.executable, RECIPE, *passed, f"hydra.run.dir={_run_dir(cfg, overrides, create)}"]], {}
+    if d.num_machines > 1 and _run_dir(cfg, overrides, create=False) is None:
         raise SystemExit("error: several machines need one shared run directory: pass hydra.run.dir=/shared/path "
                          "(or run under SLURM, where $SLURM_JOB_ID names it)")
     if not torch.cuda.is_available() and d.backend == Backend.deepspeed and d.num_processes * d.num_machines > 1:
@@ -66,7 +80,7 @@ def commands(cfg: DictConfig, overrides: list[str]) -> tuple[list[list[str]], di
     env = {}
     if not torch.cuda.is_available() and d.backend == Backend.ddp:
         env["ACCELERATE_USE_CPU"] = "true"  # MULTI_CPU ranks over gloo (`--cpu` alone starts one process)
-    passed = [o for o in overrides if not o.startswith("hydra.run.dir=")]
+    run_dir = _run_dir(cfg, overrides, create)  # after every refusal: no empty folder left behind
     cmds = []
     for rank in range(d.num_machines):
         cmd = [sys.executable, "-m", "accelerate.commands.launch",
@@ -92,7 +106,10 @@ def main(argv: list[str]) -> None:
             print(f"warning: {warning}", file=sys.stderr)
     except ConfigError as exc:
         raise SystemExit(f"error: {exc}") from None
-    cmds, env = commands(cfg, overrides)
+    if cfg.checkpoint.resume == "latest" and not any(o.startswith("hydra.run.dir=") for o in overrides):
+        print("warning: checkpoint.resume=latest without hydra.run.dir: this run gets a new run dir, so it starts "
+              "afresh; to resume a run, pass hydra.run.dir=<its run dir>", file=sys.stderr)
+    cmds, env = commands(cfg, overrides, create=not dry_run)
     prefix = " ".join(f"{k}={v}" for k, v in env.items())
     if dry_run:
         for rank, cmd in enumerate(cmds):

@@ -170,4 +170,6 @@ def preflight(cfg: DictConfig) -> tuple[list[str], list[str]]:
             )
     if p.max_consecutive_nonfinite < 1:
         errors.append(f"precision.max_consecutive_nonfinite={p.max_consecutive_nonfinite}: must be >= 1")
+    if not (p.max_loss_ratio == 0 or p.max_loss_ratio > 1):
+        errors.append(f"precision.max_loss_ratio={p.max_loss_ratio}: must be > 1 (e.g. 10), or 0 to disable")
     return errors, warnings

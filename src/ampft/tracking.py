@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import resource
 from pathlib import Path
 from typing import Any
@@ -33,13 +34,17 @@ def _json_safe(value: Any) -> Any:
 
 class Tracker:
     def __init__(self, accelerator: Accelerator, run_dir: Path, logger: str, project: str,
-                 hparams: dict[str, Any], total_steps: int, progress_bar: bool):
+                 hparams: dict[str, Any], total_steps: int, progress_bar: bool, history_until: int = 0):
+        """`history_until`: the step training starts from (a resumed checkpoint's, else 0): later entries
+        of an earlier metrics.jsonl belong to a replaced timeline (see `trim_history`)."""
         self.accelerator = accelerator
         self.main = accelerator.is_main_process
         self.run_dir = run_dir
         self.trackers = logger != "none"
         if self.trackers:
             accelerator.init_trackers(project, config=hparams)
+        if self.main:
+            trim_history(run_dir / "metrics.jsonl", history_until)
         self.jsonl = (run_dir / "metrics.jsonl").open("a") if self.main else None
         self.bar = tqdm(total=total_steps, desc="train", dynamic_ncols=True,
                         disable=not (self.main and progress_bar))
@@ -67,6 +72,39 @@ class Tracker:
             self.jsonl.close()
         if self.trackers:
             self.accelerator.end_training()
+
+
+REPLACED = "metrics.replaced.jsonl"
+
+
+def trim_history(path: Path, step: int) -> int:
+    """Make metrics.jsonl the history of the run going on, starting from `step`: entries past it (logged
+    before a crash, preemption or abandoned line, and about to be logged again) move to
+    metrics.replaced.jsonl next to it, so nothing is lost; metrics.jsonl is replaced atomically. A torn
+    last line (a kill in the middle of a write) moves too. Returns the number of entries moved."""
+    if not path.is_file():
+        return 0
+    keep, moved = [], []
+    for line in path.read_text().splitlines():
+        try:
+            entry_step = json.loads(line)["step"]
+        except (ValueError, KeyError, TypeError):
+            entry_step = None
+        (keep if isinstance(entry_step, int) and entry_step <= step else moved).append(line + "\n")
+    if not moved:
+        return 0
+    with (path.parent / REPLACED).open("a") as f:  # first: a kill between the two leaves a copy, not a loss
+        f.writelines(moved)
+        f.flush()
+        os.fsync(f.fileno())
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w") as f:
+        f.writelines(keep)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    log.info("%s: %d entries past step %d moved to %s (a replaced timeline)", path, len(moved), step, REPLACED)
+    return len(moved)
 
 
 def _fmt(v: Any) -> str:

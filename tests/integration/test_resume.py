@@ -131,9 +131,12 @@ def test_latest_skips_incomplete_and_corrupt_checkpoints(tiny, tmp_path, caplog)
     text = caplog.text
     assert "step_8.tmp" in text and "unfinished save" in text
     assert "step_6" in text and "model.safetensors is 100 bytes" in text
-    # Resumed from step_4, the newest that verifies: steps 5 and 6 ran again and were logged twice.
+    # Resumed from step_4, the newest that verifies: steps 5 and 6 ran again; metrics.jsonl holds them once
+    # (the replaced entries moved to metrics.replaced.jsonl).
     logged = _losses(tmp_path)
-    assert len(logged[5]) == len(logged[6]) == 2 and len(logged[4]) == 1 and max(logged) == 8
+    assert all(len(v) == 1 for v in logged.values()) and sorted(logged) == list(range(1, 9))
+    replaced = [json.loads(x)["step"] for x in (tmp_path / "metrics.replaced.jsonl").read_text().splitlines()]
+    assert replaced and set(replaced) <= {5, 6}
 
 
 def test_corrupt_checkpoint_by_path_is_a_clear_error(tiny, tmp_path):
