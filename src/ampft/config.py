@@ -119,6 +119,11 @@ class TaskConfig:
     label_column: str = "label"
     # Label names in id order; null: taken from the dataset (ClassLabel names, or sorted values).
     labels: list[str] | None = None
+    # Two labels: the class binary F1 scores (GLUE: MRPC equivalent, QQP duplicate). null: the label named
+    # 1, true or positive if there is one, else f1 is refused with a message asking for this key.
+    positive_label: str | None = None
+    # Local .csv/.tsv files without a header row (CoLA as GLUE distributes it): their columns' names, in order.
+    column_names: list[str] | None = None
     metrics: list[str] = field(default_factory=lambda: ["accuracy"])
     main_metric: str = "accuracy"
     max_length: int = 128

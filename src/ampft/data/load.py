@@ -145,6 +145,31 @@ def label_names(raw: DatasetDict, task: DictConfig) -> list[str] | None:
     return [str(v) for v in values]
 
 
+POSITIVE_NAMES = ("1", "true", "positive")  # tried in this order when task.positive_label is null
+
+
+def positive_label(task: DictConfig, labels: list[str] | None) -> str | None:
+    """The class binary F1 scores: task.positive_label, else the label named 1, true or positive (any case);
+    None when the task does not have exactly two labels. Raises DataError when F1 is asked for and neither
+    names one of the two labels."""
+    if task.family != TaskFamily.classification or labels is None or len(labels) != 2:
+        return None
+    if task.positive_label is not None:
+        if str(task.positive_label) not in labels:
+            raise DataError(f"task.positive_label={task.positive_label} is not one of the task's labels {labels}: "
+                            f"set it to the class binary F1 should score, e.g. task.positive_label={labels[1]}")
+        return str(task.positive_label)
+    for name in POSITIVE_NAMES:
+        found = [x for x in labels if x.lower() == name]
+        if found:
+            return found[0]
+    if "f1" in task.metrics:
+        raise DataError(f"task={task.name}: task.metrics has f1, and with the labels {labels} it is not clear which "
+                        f"class binary F1 should score: set task.positive_label={labels[0]} or "
+                        f"task.positive_label={labels[1]}")
+    return None
+
+
 def encode_labels(raw: DatasetDict, task: DictConfig, labels: list[str] | None) -> DatasetDict:
     """Add `labels`: ids into `labels` (by name, or integer ids already in range), floats for regression."""
     col = task.label_column
