@@ -120,7 +120,7 @@ class TaskConfig:
     # Label names in id order; null: taken from the dataset (ClassLabel names, or sorted values).
     labels: list[str] | None = None
     # Two labels: the class binary F1 scores (GLUE: MRPC equivalent, QQP duplicate). null: the label named
-    # 1, true or positive if there is one, else f1 is refused with a message asking for this key.
+    # 1, true, positive, pos or yes (any case) if there is one, else f1 is refused asking for this key.
     positive_label: str | None = None
     # Local .csv/.tsv files without a header row (CoLA as GLUE distributes it): their columns' names, in order.
     column_names: list[str] | None = None
@@ -405,6 +405,25 @@ def validate(cfg: DictConfig) -> list[str]:
     return warnings
 
 
+def _column_names_problems(task: DictConfig, files: list[tuple[str, str]]) -> list[str]:
+    """task.column_names names the columns of headerless local .csv/.tsv files of a sequence task."""
+    names = task.column_names
+    if names is None:
+        return []
+    if TaskFamily(task.family) not in (TaskFamily.classification, TaskFamily.regression) or not files:
+        return [f"task.column_names={list(names)}: only for local .csv/.tsv files of a classification or regression "
+                "task (task.train_file=...)"]
+    problems = [f"task.{key}={path}: task.column_names is for headerless .csv/.tsv files, not {Path(path).suffix}"
+                for key, path in files if Path(path).suffix.lower() not in (".csv", ".tsv")]
+    if len(set(names)) != len(names):
+        problems.append(f"task.column_names={list(names)}: names must be unique")
+    missing = [c for c in (*task.text_fields, task.label_column) if c not in names]
+    if missing:
+        problems.append(f"task.column_names={list(names)} lacks {missing}, which task.text_fields/task.label_column "
+                        "name: name the file's columns in order, including those")
+    return problems
+
+
 def _task_problems(task: DictConfig, m: DictConfig) -> list[str]:
     """Data source, files, columns, metrics and the family's own keys of the task group."""
     from ampft.tasks import family_for  # each family knows its file formats
@@ -433,6 +452,10 @@ def _task_problems(task: DictConfig, m: DictConfig) -> list[str]:
             reader.check_file(path)
         except ValueError as exc:
             problems.append(f"task.{key}: {exc}")
+    problems += _column_names_problems(task, files)
+    if task.positive_label is not None and task.labels is not None and str(task.positive_label) not in [
+            str(x) for x in task.labels]:
+        problems.append(f"task.positive_label={task.positive_label} is not one of task.labels={list(task.labels)}")
     from ampft.data.load import extra_split_names
 
     names = extra_split_names(task)

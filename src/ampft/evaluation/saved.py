@@ -123,7 +123,8 @@ def evaluate_saved(e: DictConfig) -> dict[str, Any]:
                                                                 strict=True)), task, out_dir)
     labels = None if task.labels is None else [str(x) for x in task.labels]
     out = dict(name=name, source=str(weights), kind=kind, data=e.file or f"{task.name}:{e.split}", precision=ran,
-               eval_batch_size=cfg.trainer.eval_batch_size, positive_label=positive_label(task, labels),
+               eval_batch_size=cfg.trainer.eval_batch_size, num_processes=accelerator.num_processes,
+               positive_label=positive_label(task, labels),
                metrics={k: v for k, v in results.items() if k != "samples"}, samples=results["samples"],
                seconds=time.perf_counter() - started)
     if accelerator.is_main_process:
