@@ -9,7 +9,7 @@ OWN_VARS := VENV PYTHON PYTEST_ARGS ARGS nproc dry_run
 OVERRIDES := $(foreach v,$(filter-out $(OWN_VARS),$(.VARIABLES)),$(if $(filter command line,$(origin $(v))),'$(v)=$($(v))')) $(if $(nproc),distributed.num_processes=$(nproc)) $(ARGS)
 PYTEST_ARGS ?=
 
-.PHONY: help setup finetune evaluate print-config test test-distributed lint
+.PHONY: help setup finetune reproduce evaluate print-config test test-distributed lint
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
@@ -22,6 +22,9 @@ setup:  ## create .venv and install ampft with torch (CPU build where no GPU), t
 
 finetune:  ## fine-tune: make finetune [group=option] [key=value] ... [nproc=N] [dry_run=1]
 	$(PYTHON) -m ampft.launch $(if $(dry_run),--dry-run) $(OVERRIDES)
+
+reproduce:  ## a paper recipe on a budget, scores next to the published ones: make reproduce experiment=sst2-bert-base steps=200 [minutes=M]
+	$(PYTHON) -m ampft.reproduce $(OVERRIDES)
 
 evaluate:  ## evaluate a saved run: make evaluate run=RUN_DIR [file=PATH | split=train] (or checkpoint=PATH)
 	$(PYTHON) recipes/eval.py $(OVERRIDES)

@@ -215,6 +215,9 @@ class SchedulerConfig:
 class TrainerConfig:
     epochs: float = 3.0
     max_steps: int = -1  # > 0 wins over epochs
+    # Stop training after this many minutes (then evaluate and export as at the end); the learning-rate
+    # schedule stays the one planned for epochs/max_steps. null: no time limit.
+    max_minutes: float | None = None
     batch_size: int = 32  # per device, per micro-step
     eval_batch_size: int | None = None  # null: 2 x batch_size
     grad_accum: int = 1
@@ -257,6 +260,16 @@ class LoggingConfig:
 
 
 @dataclass
+class PublishedConfig:
+    """A recipe's published scores (set in conf/experiment/, in percent), which `make reproduce` reports the
+    run's scores next to."""
+
+    source: str | None = None
+    split: str | None = None
+    scores: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
 class FinetuneConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
@@ -267,6 +280,7 @@ class FinetuneConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    published: PublishedConfig = field(default_factory=PublishedConfig)
     # Tokenized datasets are cached here, keyed by tokenizer, task and length settings.
     cache_dir: str = "${oc.env:AMPFT_CACHE,${oc.env:HOME,.}/.cache/ampft}"
 
@@ -335,6 +349,8 @@ def validate(cfg: DictConfig) -> list[str]:
     problems: list[str] = []
     tr, task = cfg.trainer, cfg.task
 
+    if tr.max_minutes is not None and not tr.max_minutes > 0:
+        problems.append(f"trainer.max_minutes={tr.max_minutes}: give a positive number of minutes, or null")
     if tr.max_steps <= 0 and tr.epochs <= 0:
         problems.append(
             f"trainer.epochs={tr.epochs} and trainer.max_steps={tr.max_steps}: set trainer.epochs > 0 "
