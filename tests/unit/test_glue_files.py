@@ -227,3 +227,37 @@ def test_tiny_training_run_on_the_official_layout(task, glue_data, tmp_path):
                                               "trainer.max_steps=2", "checkpoint.every=0"]), tmp_path / "run")
     assert summary["eval_samples"] == 3 and summary["steps"] == 2
     assert summary["positive_label"] == {"cola": "acceptable", "mrpc": "equivalent"}[task]
+
+
+def _readme_commands() -> list[list[str]]:
+    """The README's `make finetune|reproduce ...` lines that read local GLUE, SST-2, CoNLL or SQuAD files."""
+    lines = (ROOT / "README.md").read_text().splitlines()
+    out, i = [], 0
+    while i < len(lines):
+        text = lines[i].strip()
+        while text.endswith("\\"):
+            i += 1
+            text = text[:-1] + " " + lines[i].strip()
+        i += 1
+        words = shlex.split(text.split("  #")[0]) if text.startswith(("make finetune", "make reproduce")) else []
+        if any(w.startswith("task.train_file=") and w.split("=", 1)[1].startswith(("glue_data/", "conll2003/",
+                                                                                     "squad/", "sst2/"))
+               for w in words):
+            out.append(words[2:])
+    return out
+
+
+def test_readme_local_file_commands_load_the_files(glue_data):
+    """Every README command for local GLUE/CoNLL/SQuAD files, with its paths pointed at the files written here
+    (GLUE layouts) or at the real ones in ../shared/data, validates and loads."""
+    commands = _readme_commands()
+    assert len(commands) >= 10
+    conll, squad, sst2 = shared("conll2003"), shared("squad", "expmrc-squad-dev.json"), shared("sst2")
+    for words in commands:
+        words = [w.replace("glue_data/", f"{glue_data}/").replace("conll2003/", f"{conll}/")
+                 .replace("sst2/", f"{sst2}/").replace("squad/train-v1.1.json", str(squad))
+                 .replace("squad/dev-v1.1.json", str(squad)) for w in words if not w.startswith(("steps=", "minutes="))]
+        cfg = compose_config("finetune", words)
+        validate(cfg)
+        raw, _ = family_for(cfg.task.family).load(cfg.task)
+        assert len(raw["train"]) > 0 and len(raw["validation"]) > 0, words
