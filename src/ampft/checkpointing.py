@@ -33,7 +33,7 @@ MANIFEST = "manifest.json"
 EXACTNESS_KEYS = ("model.", "task.", "precision.", "optim.", "scheduler.", "trainer.seed", "trainer.batch_size",
                   "trainer.grad_accum", "trainer.max_grad_norm", "trainer.group_by_length", "trainer.length_group_size",
                   "trainer.padding", "trainer.pad_to_multiple_of", "trainer.compile", "trainer.epochs")
-HARMLESS_TASK_KEYS = ("task.max_eval_samples", "task.validation_file", "task.validation_split")
+HARMLESS_TASK_KEYS = ("task.max_eval_samples", "task.validation_file", "task.validation_split", "task.positive_label")
 
 
 class CheckpointError(RuntimeError):
