@@ -109,7 +109,8 @@ def report(summary: dict[str, Any], cfg: DictConfig, recipe: DictConfig, budget:
         "|---|---|---|---|",
         *(f"| {r['metric']} | {fmt(r['run'])} | {r['published']:.1f} | {fmt(r['gap'])} |" for r in rows),
         "",
-        f"Published: {cfg.published.source}, on {cfg.published.split}; this run scores the validation data above.",
+        f"Published: {cfg.published.source}, on {cfg.published.split}; this run scores the data named above"
+        + (f" and {', '.join(extra_split_names(cfg.task))}" if cfg.task.extra_validation_splits else "") + ".",
         "",
         f"**These are not the published numbers.** They need the recipe's full model ({recipe.model.name}), its "
         f"full training data and all {recipe.trainer.epochs:g} epochs"

@@ -16,24 +16,23 @@ from ampft.finetune import reset_accelerate, run
 from tests.conftest import ROOT, TINY, compose_config, shared
 
 
-def _families():
-    conll, squad = shared("conll2003"), shared("squad", "expmrc-squad-dev.json")
-    return {
-        "classification": [],
-        "token_classification": ["task=conll2003", f"task.train_file={conll / 'train.txt'}",
-                                 f"task.validation_file={conll / 'valid.txt'}", "task.max_length=64",
-                                 "task.max_train_samples=64", "task.max_eval_samples=45"],
-        "question_answering": ["task=squad", f"task.train_file={squad}", f"task.validation_file={squad}",
-                               "task.max_length=96", "task.doc_stride=48", "task.max_train_samples=32",
-                               "task.max_eval_samples=23"],
-    }
+def _family_overrides(family: str) -> list[str]:
+    if family == "classification":
+        return []
+    if family == "token_classification":
+        conll = shared("conll2003")
+        return ["task=conll2003", f"task.train_file={conll / 'train.txt'}", f"task.validation_file={conll / 'valid.txt'}",
+                "task.max_length=64", "task.max_train_samples=64", "task.max_eval_samples=45"]
+    squad = shared("squad", "expmrc-squad-dev.json")
+    return ["task=squad", f"task.train_file={squad}", f"task.validation_file={squad}", "task.max_length=96",
+            "task.doc_stride=48", "task.max_train_samples=32", "task.max_eval_samples=23"]
 
 
 @pytest.fixture(scope="module", params=["classification", "token_classification", "question_answering"])
 def trained(request, tmp_path_factory):
     """A briefly trained tiny model of each family, exported; `task.max_eval_samples` is odd on purpose."""
     run_dir = tmp_path_factory.mktemp(request.param)
-    cfg = compose_config("finetune", [*TINY, *_families()[request.param], "trainer.max_steps=3",
+    cfg = compose_config("finetune", [*TINY, *_family_overrides(request.param), "trainer.max_steps=3",
                                       "checkpoint.every=0"])
     summary = run(cfg, run_dir)
     return run_dir, summary
