@@ -51,10 +51,16 @@ def _md5s(run_dir):
 
 def test_evaluations_never_replace_what_the_training_run_wrote(tiny, tmp_path):
     # QA writes predictions_validation.json at the end of training: the file an evaluation used to replace.
-    run(tiny("task=squad", f"task.train_file={shared('squad', 'expmrc-squad-dev.json')}",
-             f"task.validation_file={shared('squad', 'expmrc-squad-dev.json')}", "task.max_length=128",
-             "task.doc_stride=64", "task.max_train_samples=32", "task.max_eval_samples=16", "trainer.max_steps=4",
-             "checkpoint.every=2"), tmp_path)
+    context = "Apollo 11 landed on the Moon in 1969. " + "The crew trained for years. " * 12
+    qas = [{"id": f"q{i}", "question": q, "answers": [{"text": a, "answer_start": context.index(a)}]}
+           for i, (q, a) in enumerate([("When did Apollo 11 land?", "1969"), ("Where did it land?", "the Moon")] * 8)]
+    squad = tmp_path / "data" / "squad.json"
+    squad.parent.mkdir()
+    squad.write_text(json.dumps({"data": [{"title": "t", "paragraphs": [{"context": context, "qas": qas}]}]}))
+    run_dir = tmp_path / "run"
+    run(tiny("task=squad", f"task.train_file={squad}", f"task.validation_file={squad}", "task.max_length=48",
+             "task.doc_stride=16", "trainer.max_steps=4", "checkpoint.every=2"), run_dir)
+    tmp_path = run_dir
     before = _md5s(tmp_path)
     assert "predictions_validation.json" in before and "summary.json" in before
     ckpt = _evaluate(checkpoint=str(tmp_path / "checkpoints" / "step_2"))
