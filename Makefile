@@ -21,7 +21,7 @@ ifneq ($(findstring $(newline),$(OVERRIDES)),)
 $(error a command-line value holds a line break: a Hydra override is one line; remove it)
 endif
 
-.PHONY: help setup finetune evaluate print-config test test-distributed lint
+.PHONY: help setup finetune reproduce evaluate print-config test test-distributed lint
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
@@ -34,6 +34,9 @@ setup:  ## create .venv and install ampft with torch (CPU build where no GPU), t
 
 finetune:  ## fine-tune: make finetune [group=option] [key=value] ... [nproc=N] [dry_run=1]
 	$(PYTHON) -m ampft.launch $(if $(value dry_run),--dry-run) $(OVERRIDES)
+
+reproduce:  ## a paper recipe on a budget, scores next to the published ones: make reproduce experiment=sst2-bert-base steps=200 [minutes=M]
+	$(PYTHON) -m ampft.reproduce $(OVERRIDES)
 
 evaluate:  ## evaluate a saved run: make evaluate run=RUN_DIR [file=PATH | split=train] (or checkpoint=PATH)
 	$(PYTHON) recipes/eval.py $(OVERRIDES)

@@ -49,8 +49,8 @@ PICKLE = re.compile(r"^custom_checkpoint_\d+\.pkl$")  # Accelerate's custom stat
 EXACTNESS_KEYS = ("model.", "task.", "precision.", "optim.", "scheduler.", "trainer.seed", "trainer.batch_size",
                   "trainer.grad_accum", "trainer.max_grad_norm", "trainer.group_by_length", "trainer.length_group_size",
                   "trainer.padding", "trainer.pad_to_multiple_of", "trainer.compile", "trainer.epochs")
-HARMLESS_KEYS = ("task.max_eval_samples", "task.validation_file", "task.validation_split",
-                      "precision.max_loss_ratio")
+HARMLESS_KEYS = ("task.max_eval_samples", "task.validation_file", "task.validation_split", "task.positive_label",
+                 "precision.max_loss_ratio")
 
 
 class CheckpointError(RuntimeError):

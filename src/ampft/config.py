@@ -134,6 +134,11 @@ class TaskConfig:
     label_column: str = "label"
     # Label names in id order; null: taken from the dataset (ClassLabel names, or sorted values).
     labels: list[str] | None = None
+    # Two labels: the class binary F1 scores (GLUE: MRPC equivalent, QQP duplicate). null: the label named
+    # 1, true, positive, pos or yes (any case) if there is one, else f1 is refused asking for this key.
+    positive_label: str | None = None
+    # Local .csv/.tsv files without a header row (CoLA as GLUE distributes it): their columns' names, in order.
+    column_names: list[str] | None = None
     metrics: list[str] = field(default_factory=lambda: ["accuracy"])
     main_metric: str = "accuracy"
     max_length: int = 128
@@ -232,6 +237,9 @@ class SchedulerConfig:
 class TrainerConfig:
     epochs: float = 3.0
     max_steps: int = -1  # > 0 wins over epochs
+    # Stop training after this many minutes (then evaluate and export as at the end); the learning-rate
+    # schedule stays the one planned for epochs/max_steps. null: no time limit.
+    max_minutes: float | None = None
     batch_size: int = 32  # per device, per micro-step
     eval_batch_size: int | None = None  # null: 2 x batch_size
     grad_accum: int = 1
@@ -277,6 +285,16 @@ class LoggingConfig:
 
 
 @dataclass
+class PublishedConfig:
+    """A recipe's published scores (set in conf/experiment/, in percent), which `make reproduce` reports the
+    run's scores next to."""
+
+    source: str | None = None
+    split: str | None = None
+    scores: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
 class FinetuneConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
@@ -287,6 +305,7 @@ class FinetuneConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    published: PublishedConfig = field(default_factory=PublishedConfig)
     # Tokenized datasets are cached here, keyed by tokenizer, task and length settings.
     cache_dir: str = "${oc.env:AMPFT_CACHE,${oc.env:HOME,.}/.cache/ampft}"
 
@@ -361,6 +380,8 @@ def validate(cfg: DictConfig) -> list[str]:
     problems: list[str] = []
     tr, task = cfg.trainer, cfg.task
 
+    if tr.max_minutes is not None and not tr.max_minutes > 0:
+        problems.append(f"trainer.max_minutes={tr.max_minutes}: give a positive number of minutes, or null")
     if tr.max_steps <= 0 and tr.epochs <= 0:
         problems.append(
             f"trainer.epochs={tr.epochs} and trainer.max_steps={tr.max_steps}: set trainer.epochs > 0 "
@@ -484,6 +505,9 @@ RANGES: list[tuple[str, Callable[[Any], bool], str]] = [
     ("trainer.max_grad_norm", lambda x: _finite(x) and x >= 0, ">= 0 (0: no clipping)"),
     ("trainer.seed", lambda x: 0 <= x < 2**32, "in [0, 2^32)"),
     ("logging.project", _text, "a project name"),
+    ("published.source", lambda x: x is None or _text(x), "null or where the scores were published"),
+    ("published.split", lambda x: x is None or _text(x), "null or the split they were measured on"),
+    ("published.scores", lambda x: all(_finite(v) for v in x.values()), "{metric: score in percent}"),
     ("cache_dir", _text, "a directory"),
 ]
 # Checked elsewhere in validate() or precision.preflight (with the fields they depend on); the rest of the
@@ -492,14 +516,14 @@ CHECKED_ELSEWHERE = {
     "task.family", "task.subset", "task.train_file", "task.validation_file", "task.metrics", "task.main_metric",
     "task.max_length", "task.extra_validation_splits", "task.token_column", "task.tag_column",
     "task.label_all_subtokens", "task.tag_scheme", "task.seqeval_mode", "task.doc_stride", "task.max_answer_length",
-    "task.n_best", "task.version_2", "model.pretrained", "model.arch", "model.attn_implementation",
+    "task.n_best", "task.version_2", "task.positive_label", "task.column_names", "model.pretrained", "model.arch", "model.attn_implementation",
     "precision.name", "precision.init_scale", "precision.growth_factor", "precision.backoff_factor",
     "precision.growth_interval", "precision.max_consecutive_nonfinite", "precision.max_loss_ratio", "distributed.name", "distributed.backend",
     "distributed.num_processes", "distributed.num_machines", "distributed.machine_rank",
     "distributed.main_process_ip", "distributed.accelerate_config", "distributed.zero_stage",
     "distributed.offload_optimizer", "distributed.offload_param", "distributed.fsdp_reshard_after_forward",
     "distributed.fsdp_cpu_offload", "optim.implementation", "scheduler.name", "scheduler.warmup_ratio",
-    "trainer.max_steps", "trainer.batch_size", "trainer.grad_accum", "trainer.log_every", "trainer.eval_every",
+    "trainer.max_steps", "trainer.max_minutes", "trainer.batch_size", "trainer.grad_accum", "trainer.log_every", "trainer.eval_every",
     "trainer.group_by_length", "trainer.length_group_size", "trainer.padding", "trainer.pad_to_multiple_of",
     "trainer.compile", "trainer.compile_buckets", "trainer.num_workers", "trainer.cpu", "trainer.progress_bar",
     "checkpoint.every", "checkpoint.keep_last", "checkpoint.keep_best", "checkpoint.metric", "checkpoint.mode",
@@ -547,6 +571,25 @@ def ignored_loss_scaling(cfg: DictConfig) -> list[str]:
             f"{'it' if len(changed) == 1 else 'them'} (remove, or use precision=fp16)"]
 
 
+def _column_names_problems(task: DictConfig, files: list[tuple[str, str]]) -> list[str]:
+    """task.column_names names the columns of headerless local .csv/.tsv files of a sequence task."""
+    names = task.column_names
+    if names is None:
+        return []
+    if TaskFamily(task.family) not in (TaskFamily.classification, TaskFamily.regression) or not files:
+        return [f"task.column_names={list(names)}: only for local .csv/.tsv files of a classification or regression "
+                "task (task.train_file=...)"]
+    problems = [f"task.{key}={path}: task.column_names is for headerless .csv/.tsv files, not {Path(path).suffix}"
+                for key, path in files if Path(path).suffix.lower() not in (".csv", ".tsv")]
+    if len(set(names)) != len(names):
+        problems.append(f"task.column_names={list(names)}: names must be unique")
+    missing = [c for c in (*task.text_fields, task.label_column) if c not in names]
+    if missing:
+        problems.append(f"task.column_names={list(names)} lacks {missing}, which task.text_fields/task.label_column "
+                        "name: name the file's columns in order, including those")
+    return problems
+
+
 def _task_problems(task: DictConfig, m: DictConfig) -> list[str]:
     """Data source, files, columns, metrics and the family's own keys of the task group."""
     from ampft.tasks import family_for  # each family knows its file formats
@@ -575,6 +618,10 @@ def _task_problems(task: DictConfig, m: DictConfig) -> list[str]:
             reader.check_file(path)
         except ValueError as exc:
             problems.append(f"task.{key}: {exc}")
+    problems += _column_names_problems(task, files)
+    if task.positive_label is not None and task.labels is not None and str(task.positive_label) not in [
+            str(x) for x in task.labels]:
+        problems.append(f"task.positive_label={task.positive_label} is not one of task.labels={list(task.labels)}")
     from ampft.data.load import extra_split_names
 
     names = extra_split_names(task)

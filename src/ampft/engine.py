@@ -236,6 +236,8 @@ def _fit(loop: Loop, preempt: dict) -> TrainState:
     window_batches, window_skipped = 0, 0
     grad_norm = None
 
+    deadline = None if tr.max_minutes is None else time.monotonic() + 60 * tr.max_minutes
+
     model.train()
     loop.tracker.advance(st.step)
     while st.step < loop.max_steps:
@@ -303,7 +305,7 @@ def _fit(loop: Loop, preempt: dict) -> TrainState:
                 raise Preempted(f"stopped by {preempt['signal']} at step {st.step}; checkpoint written: "
                                 f"{loop.last_checkpoint}. Resume: hydra.run.dir={loop.run_dir} "
                                 "checkpoint.resume=latest")
-            if st.step >= loop.max_steps:
+            if st.step >= loop.max_steps or _out_of_time(acc, deadline):
                 break
         else:  # the epoch ran out before max_steps
             st.epoch += 1
@@ -321,6 +323,14 @@ def _fit(loop: Loop, preempt: dict) -> TrainState:
     if st.eval_step != st.step:
         evaluate(loop, meters)
     return st
+
+
+def _out_of_time(acc: Accelerator, deadline: float | None) -> bool:
+    """trainer.max_minutes has passed; every rank decides alike (the slowest rank's clock counts)."""
+    if deadline is None:
+        return False
+    late = torch.tensor(float(time.monotonic() > deadline), device=acc.device)
+    return bool(acc.reduce(late, reduction="max").item()) if acc.num_processes > 1 else bool(late.item())
 
 
 def _close_window(st: TrainState, acc: Accelerator, window_loss: torch.Tensor, batches: int) -> None:

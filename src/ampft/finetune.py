@@ -33,6 +33,7 @@ from ampft.config import (
     validate,
 )
 from ampft.data import build_dataloaders, eval_dataloader, prepare_data
+from ampft.data.load import positive_label
 from ampft.engine import Loop, TrainingDiverged, TrainState, fit, weights_finite
 from ampft.models import MODEL_CLASSES, build_model, load_tokenizer
 from ampft.tracking import Tracker, format_summary, peak_memory_bytes, write_summary
@@ -203,6 +204,7 @@ def finish(loop: Loop, tokenizer: PreTrainedTokenizerBase, ran_precision: str, s
         eval={k: v for k, v in state.eval_results.items() if k != "samples"},
         eval_samples=state.eval_results["samples"],
         main_metric=cfg.task.main_metric,
+        positive_label=_positive_label(cfg, accelerator.unwrap_model(model)),
         train_loss=state.loss_sum / max(state.loss_batches, 1),
         train_loss_last=state.last_loss,
         train_samples_per_second=state.samples / max(state.train_seconds, 1e-9),
@@ -247,6 +249,13 @@ def finish(loop: Loop, tokenizer: PreTrainedTokenizerBase, ran_precision: str, s
         write_summary(run_dir, summary)
         print(format_summary(summary), flush=True)
     return summary
+
+
+def _positive_label(cfg: DictConfig, model) -> str | None:
+    """The class binary F1 scored (two-label classification), from the labels the model was trained with."""
+    if cfg.task.family != TaskFamily.classification:
+        return None
+    return positive_label(cfg.task, [model.config.id2label[i] for i in range(model.config.num_labels)])
 
 
 def _device_name(device: torch.device) -> str:

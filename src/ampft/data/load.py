@@ -51,8 +51,9 @@ def extra_split_names(task: DictConfig) -> list[str]:
     return [re.sub(r"[^\w.]", "_", Path(p).stem) for p in task.extra_validation_splits]
 
 
-def _load_file(path: str, split: str) -> Dataset:
-    """One split from one file; each file is read on its own terms (format, delimiter, columns)."""
+def _load_file(path: str, split: str, column_names: list[str] | None = None) -> Dataset:
+    """One split from one file; each file is read on its own terms (format, delimiter, columns).
+    `column_names`: the file (csv/tsv) has no header row, these name its columns."""
     check_rows(path, split)
     # datasets keys its own cache of a local file by path and mtime only: a file rewritten with its mtime
     # kept (cp -p, rsync -a, tar x) would be served stale. The content digest in the builder's config id
@@ -61,6 +62,9 @@ def _load_file(path: str, split: str) -> Dataset:
     if fmt == "csv":
         # Text is text: "NA" or "null" in a sentence stays a word, not a missing value.
         kwargs.update(keep_default_na=False)
+        if column_names is not None:
+            _check_field_count(path, split, column_names)
+            kwargs.update(column_names=list(column_names), header=None)
         if Path(path).suffix.lower() == ".tsv":  # GLUE-style TSV: quotes are text, not delimiters
             kwargs.update(delimiter="\t", quoting=csv.QUOTE_NONE)
     try:
@@ -163,6 +167,18 @@ def _check_json(path: str, key: str) -> None:
                             "needs every column (a missing value would silently become null)")
 
 
+def _check_field_count(path: str, split: str, column_names: list[str]) -> None:
+    """A headerless file's first row has as many fields as task.column_names names (pandas would otherwise
+    turn the surplus leading fields into an index, silently)."""
+    with open(path, encoding="utf-8-sig") as f:
+        first = f.readline().rstrip("\r\n")
+    tsv = Path(path).suffix.lower() == ".tsv"
+    fields = first.split("\t") if tsv else next(csv.reader([first]), [])
+    if first and len(fields) != len(column_names):
+        raise DataError(f"{split_key(split)}={path}: its first row has {len(fields)} fields ({first[:80]!r}) but "
+                        f"task.column_names names {len(column_names)}: {column_names}. Name every column, in order.")
+
+
 def _load_files(task: DictConfig, read_file: Callable[[str, str], Dataset]) -> DatasetDict:
     raw = DatasetDict(train=read_file(task.train_file, "train"), validation=read_file(task.validation_file, "validation"))
     for name, path in zip(extra_split_names(task), task.extra_validation_splits, strict=True):
@@ -216,7 +232,8 @@ def load_splits(task: DictConfig, read_file: Callable[[str, str], Dataset] = _lo
 
 def load_raw(task: DictConfig) -> DatasetDict:
     """Sequence classification/regression splits, with the configured columns checked."""
-    raw = load_splits(task)
+    names = None if task.column_names is None else [str(c) for c in task.column_names]
+    raw = load_splits(task, lambda path, split: _load_file(path, split, names))
     _check_columns(raw, task)
     check_labels(raw, task)
     return raw
@@ -321,6 +338,31 @@ def label_names(raw: DatasetDict, task: DictConfig) -> list[str] | None:
         return list(feature.names)
     values = sorted({v for v in raw["train"][task.label_column] if v is not None})
     return [str(v) for v in values]
+
+
+POSITIVE_NAMES = ("1", "true", "positive", "pos", "yes")  # tried in order when task.positive_label is null
+
+
+def positive_label(task: DictConfig, labels: list[str] | None) -> str | None:
+    """The class binary F1 scores: task.positive_label, else the label named 1, true, positive, pos or yes (any case);
+    None when the task does not have exactly two labels. Raises DataError when F1 is asked for and neither
+    names one of the two labels."""
+    if task.family != TaskFamily.classification or labels is None or len(labels) != 2:
+        return None
+    if task.positive_label is not None:
+        if str(task.positive_label) not in labels:
+            raise DataError(f"task.positive_label={task.positive_label} is not one of the task's labels {labels}: "
+                            f"set it to the class binary F1 should score, e.g. task.positive_label={labels[1]}")
+        return str(task.positive_label)
+    for name in POSITIVE_NAMES:
+        found = [x for x in labels if x.lower() == name]
+        if found:
+            return found[0]
+    if "f1" in task.metrics:
+        raise DataError(f"task={task.name}: task.metrics has f1, and with the labels {labels} it is not clear which "
+                        f"class binary F1 should score: set task.positive_label={labels[0]} or "
+                        f"task.positive_label={labels[1]}")
+    return None
 
 
 def encode_labels(raw: DatasetDict, task: DictConfig, labels: list[str] | None) -> DatasetDict:

@@ -36,13 +36,15 @@ class Accuracy(_Metric):
 
 
 class F1(_Metric):
-    """F1 of the positive class (id 1) for two-class tasks, as GLUE reports it for MRPC and QQP; macro F1
-    over all classes when the task has more (decided by the task's label count, not by the data seen)."""
+    """F1 of the positive class (`positive`, a label id; the recipe passes task.positive_label's id) for
+    two-class tasks, as GLUE reports it for MRPC and QQP; macro F1 over all classes when the task has more
+    (decided by the task's label count, not by the data seen)."""
 
-    def _compute(self, predictions, references, num_labels: int = 2):
+    def _compute(self, predictions, references, num_labels: int = 2, positive: int = 1):
         average = "binary" if num_labels == 2 else "macro"
         labels = None if num_labels == 2 else list(range(num_labels))
-        f1 = f1_score(references, predictions, average=average, labels=labels, zero_division=0)
+        f1 = f1_score(references, predictions, average=average, labels=labels, zero_division=0,
+                      pos_label=positive if num_labels == 2 else 1)
         return {"f1": float(f1)}
 
 
@@ -86,10 +88,12 @@ def load_metric(name: str) -> evaluate.Metric:
     return METRICS[name]()
 
 
-def compute(names: list[str], predictions, references, num_labels: int | None = None) -> dict[str, float]:
-    """All named metrics; `num_labels` (classification) decides binary vs macro F1."""
+def compute(names: list[str], predictions, references, num_labels: int | None = None,
+            positive: int = 1) -> dict[str, float]:
+    """All named metrics; `num_labels` (classification) decides binary vs macro F1, `positive` is the label id
+    binary F1 scores."""
     out: dict[str, float] = {}
     for name in names:
-        kwargs = {"num_labels": num_labels} if name == "f1" and num_labels else {}
+        kwargs = {"num_labels": num_labels, "positive": positive} if name == "f1" and num_labels else {}
         out.update(load_metric(name).compute(predictions=predictions, references=references, **kwargs))
     return out

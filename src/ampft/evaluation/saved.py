@@ -1,11 +1,15 @@
 """Evaluate a saved run (its exported model) or one of its checkpoints, on a split of the run's task or on
-another local file, with the same data and metrics code as training. Results go into the run directory."""
+another local file, with the same data and metrics code as training. Each evaluation writes into its own
+folder, RUN_DIR/evaluations/<name>/ (eval.json, and the predictions a family writes), named after what was
+evaluated: `<final|step_N>_<split or file stem>[_precision-P][_batch-B]`. Nothing the training run wrote is
+replaced."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import logging
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -18,6 +22,7 @@ from transformers import AutoConfig, AutoTokenizer
 from ampft import checkpointing, precision, tasks
 from ampft.config import FinetuneConfig, TaskFamily
 from ampft.data import eval_dataloader, prepare_data
+from ampft.data.load import positive_label
 from ampft.models import MODEL_CLASSES
 
 log = logging.getLogger(__name__)
@@ -43,8 +48,25 @@ def _source(e: DictConfig) -> tuple[Path, Path, str]:
     return run, run / "model", "run"
 
 
+def evaluation_name(e: DictConfig, weights: Path, kind: str) -> str:
+    """The folder name under RUN_DIR/evaluations/: `name=`, or the weights, the data and the overrides."""
+    if e.name is not None:
+        if not re.fullmatch(r"[\w.=+-]+", str(e.name)) or str(e.name) in (".", ".."):
+            raise EvaluationError(f"name={e.name}: use letters, digits and . _ - = + only (it names a folder under "
+                                  "RUN_DIR/evaluations/)")
+        return str(e.name)
+    parts = ["final" if kind == "run" else weights.name, Path(e.file).stem if e.file else e.split]
+    if e.precision is not None:
+        parts.append(f"precision-{e.precision}")
+    if e.batch_size is not None:
+        parts.append(f"batch-{e.batch_size}")
+    return re.sub(r"[^\w.=+-]", "_", "_".join(parts))
+
+
 def evaluate_saved(e: DictConfig) -> dict[str, Any]:
     run_dir, weights, kind = _source(e)
+    name = evaluation_name(e, weights, kind)
+    out_dir = run_dir / "evaluations" / name
     cfg_path = (weights if kind == "checkpoint" else run_dir) / "config.yaml"
     cfg = OmegaConf.merge(OmegaConf.structured(FinetuneConfig), OmegaConf.load(cfg_path))
     model_config = AutoConfig.from_pretrained(weights)
@@ -72,7 +94,8 @@ def evaluate_saved(e: DictConfig) -> dict[str, Any]:
         task.max_eval_samples = task.max_train_samples
     if e.precision is not None:
         cfg.precision.name = e.precision
-    cfg.trainer.eval_batch_size = e.batch_size
+    if e.batch_size is not None:
+        cfg.trainer.eval_batch_size = e.batch_size
 
     accelerator = Accelerator(**precision.accelerator_kwargs(cfg.precision), cpu=cfg.trainer.cpu)
     ran = precision.setup(accelerator, cfg.precision)
@@ -90,15 +113,22 @@ def evaluate_saved(e: DictConfig) -> dict[str, Any]:
     eval_dl, *extra_dls = [eval_dataloader(cfg, data, ds, tokenizer, accelerator.device, model)
                            for ds in (data.validation, *data.extra.values())]
     model, eval_dl, *extra_dls = accelerator.prepare(model, eval_dl, *extra_dls)
-    name = e.name or (Path(e.file).stem if e.file else e.split)
+    if accelerator.is_main_process:
+        if out_dir.exists():
+            log.warning("replacing the earlier evaluation in %s (same name: same weights, data and overrides)", out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+    accelerator.wait_for_everyone()
     started = time.perf_counter()
     results = tasks.evaluate(accelerator, model, data, dict(zip(["validation", *data.extra], [eval_dl, *extra_dls],
-                                                                strict=True)), task, run_dir, name)
-    out = dict(source=str(weights), kind=kind, data=e.file or f"{task.name}:{e.split}", precision=ran,
+                                                                strict=True)), task, out_dir)
+    labels = None if task.labels is None else [str(x) for x in task.labels]
+    out = dict(name=name, source=str(weights), kind=kind, data=e.file or f"{task.name}:{e.split}", precision=ran,
+               eval_batch_size=cfg.trainer.eval_batch_size, num_processes=accelerator.num_processes,
+               positive_label=positive_label(task, labels),
                metrics={k: v for k, v in results.items() if k != "samples"}, samples=results["samples"],
                seconds=time.perf_counter() - started)
     if accelerator.is_main_process:
-        path = run_dir / f"eval_{name}.json"
+        path = out_dir / "eval.json"
         path.write_text(json.dumps(out, indent=2) + "\n")
         log.info("evaluation of %s on %s: %s -> %s", weights, out["data"], out["metrics"], path)
         out["path"] = str(path)

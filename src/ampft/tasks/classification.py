@@ -12,7 +12,7 @@ from omegaconf import DictConfig
 from torch.utils.data import DataLoader
 from transformers import PreTrainedTokenizerBase
 
-from ampft.data.load import encode_labels, file_format, label_names, load_raw
+from ampft.data.load import encode_labels, file_format, label_names, load_raw, positive_label
 from ampft.evaluation import evaluate_model
 from ampft.tasks import Family
 
@@ -30,6 +30,7 @@ class Classification(Family):
     def load(self, task: DictConfig) -> tuple[DatasetDict, list[str] | None]:
         raw = load_raw(task)
         labels = label_names(raw, task)
+        positive_label(task, labels)  # refuses an unclear binary F1 now, not after training
         return encode_labels(raw, task, labels), labels
 
     def tokenize(self, raw: DatasetDict, task: DictConfig, tokenizer: PreTrainedTokenizerBase,
@@ -50,4 +51,6 @@ class Classification(Family):
     def evaluate(self, accelerator: Accelerator, model, dataloader: DataLoader, features: Dataset,
                  examples: Dataset, task: DictConfig, labels: list[str] | None,
                  out_dir: Path | None = None, name: str = "validation") -> dict[str, float]:
-        return evaluate_model(accelerator, model, dataloader, list(task.metrics), None if labels is None else len(labels))
+        positive = positive_label(task, labels)
+        return evaluate_model(accelerator, model, dataloader, list(task.metrics), None if labels is None else len(labels),
+                              1 if positive is None else labels.index(positive))

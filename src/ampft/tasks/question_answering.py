@@ -50,6 +50,19 @@ def check_answers(ds: Dataset, task: DictConfig, split: str) -> None:
     log.warning("%s (within task.max_misaligned_answers=%s)", msg, task.max_misaligned_answers)
 
 
+def window_losses(start_logits: torch.Tensor, end_logits: torch.Tensor, batch: dict) -> torch.Tensor:
+    """Each window's loss, (start cross-entropy + end cross-entropy) / 2 as the model's QA loss, with the
+    batch's padding positions kept out of the softmax: the value does not depend on how wide the batch was
+    padded. (Training keeps the model's own loss, whose softmax also covers the padding; there the logits of
+    padding positions are trained down, so the two agree closely once trained.)"""
+    pad = batch["attention_mask"] == 0
+    loss = 0.0
+    for logits, gold in ((start_logits, batch["start_positions"]), (end_logits, batch["end_positions"])):
+        logits = logits.float().masked_fill(pad, float("-inf"))
+        loss = loss + torch.nn.functional.cross_entropy(logits, gold, reduction="none")
+    return loss / 2
+
+
 class QuestionAnswering(Family):
     model_inputs = ("input_ids", "attention_mask", "token_type_ids", "start_positions", "end_positions")
     files = 'SQuAD JSON: .json with a top-level "data" list of articles'
@@ -117,7 +130,7 @@ class QuestionAnswering(Family):
         def outputs(batch, out):
             start = accelerator.pad_across_processes(out.start_logits.float(), dim=1, pad_index=NEG)
             end = accelerator.pad_across_processes(out.end_logits.float(), dim=1, pad_index=NEG)
-            return start, end, out.loss.float().expand(len(start))
+            return start, end, window_losses(out.start_logits, out.end_logits, batch)
 
         start_parts, end_parts, losses = predict(accelerator, model, dataloader, outputs)
         starts = [row for batch in start_parts for row in batch.numpy()]
@@ -131,6 +144,6 @@ class QuestionAnswering(Family):
                                  references=references)
         if out_dir is not None and accelerator.is_main_process:
             (Path(out_dir) / f"predictions_{name}.json").write_text(json.dumps(answers, indent=1, ensure_ascii=False))
-        results["loss"] = float(torch.cat(losses).mean())
+        results["loss"] = float(torch.cat(losses).mean())  # over windows (features), as training averages
         results["samples"] = len(references)
         return results
