@@ -7,6 +7,7 @@ import json
 import math
 from pathlib import Path
 
+from ampft.benchmark.budget import fmt_seconds
 from ampft.benchmark.results import NOT_CHECKED, NOT_REPRODUCED, REPRODUCED
 
 BUSY = 0.1  # other processes' share of the machine's CPU above which timings are flagged
@@ -118,6 +119,46 @@ def _diff_text(a: dict | None) -> str:
     return f"{d['mean']:+.4f} [{d['ci_low']:+.4f}, {d['ci_high']:+.4f}]"
 
 
+def _budget_line(bud: dict) -> str:
+    """One sentence at the top: the budget, the time taken, and what was cut."""
+    took = fmt_seconds(bud.get("seconds_used"))
+    if bud.get("minutes") is None:
+        head = f"**Time budget:** none (`benchmark.budget_minutes: null`); took {took}."
+    else:
+        verdict = "within it" if bud["within"] else "**over it**"
+        head = f"**Time budget:** {fmt_seconds(60 * bud['minutes'])}; took {took}, {verdict}."
+    cuts = bud.get("cuts") or []
+    if not cuts:
+        return head + " Nothing was cut."
+    return head + " Cut to keep it: " + "; ".join(f"`{c['arm']}` {c['mode']} {c['action']} ({c['detail']})"
+                                                  for c in cuts) + " ([why](#time-budget))."
+
+
+def _budget_section(bud: dict, base: str) -> list[str]:
+    out = ["## Time budget", ""]
+    if bud.get("minutes") is None:
+        out += ["No budget (`benchmark.budget_minutes: null`): every arm ran in full.", ""]
+    else:
+        out += [f"`benchmark.budget_minutes: {bud['minutes']:g}`; the benchmark took "
+                f"{fmt_seconds(bud['seconds_used'])}. Each speed arm is measured before anything is cut: one pilot "
+                f"step at batch 1, then its warm-up and two timed steps; speed mode may use "
+                f"{100 * bud['speed_share']:.0f}% of the budget when accuracy mode follows. Arms that would blow the "
+                "budget lose their memory sweep, then timed steps, then accuracy runs (slowest arm first, then "
+                "seeds); the policy: `docs/benchmarks/README.md#the-time-budget` (`ampft.benchmark.budget`).", ""]
+    ratios = bud.get("step_time_vs_baseline") or {}
+    if ratios:
+        out += [f"Step time relative to `{base}` (timed steps, or the batch-1 pilot step where the arm went no "
+                "further): " + ", ".join(f"`{k}` {v:.2f}x" for k, v in ratios.items()) + ".", ""]
+    cuts = bud.get("cuts") or []
+    if cuts:
+        out += _table(["arm", "mode", "cut", "what remains", "why", "at"],
+                      [[f"`{c['arm']}`", c["mode"], c["action"], c["detail"], c["reason"], fmt_seconds(c["at_seconds"])]
+                       for c in cuts]) + [""]
+    elif bud.get("minutes") is not None:
+        out += ["Nothing was cut: every arm ran in full.", ""]
+    return out
+
+
 def render(results: dict, plots: list[str] | None = None) -> str:
     b, env = results["benchmark"], results["environment"]
     speed = (results.get("speed") or {}).get("arms", [])
@@ -138,6 +179,10 @@ def render(results: dict, plots: list[str] | None = None) -> str:
     if busy:
         out += ["**Warning:** other processes used the CPU while these were measured, so their timings are "
                 "unreliable: " + ", ".join(f"{name} ({_pct(share)} of the machine)" for name, share in busy) + ".", ""]
+
+    bud = results.get("budget") or {}
+    if bud.get("minutes") is not None or bud.get("cuts"):
+        out += [_budget_line(bud), ""]
 
     out += ["## Hardware and software", ""]
     rows = [["date", env["date"]], ["device", device]]
@@ -172,6 +217,8 @@ def render(results: dict, plots: list[str] | None = None) -> str:
                      f"(the seed fixes initialisation and data order, the same in every arm); overrides "
                      f"{b['accuracy']['overrides']}")
     out += lines + [""]
+    if bud:
+        out += _budget_section(bud, base)
 
     out += ["## Results", ""]
     names = [a["name"] for a in b["arms"]]
@@ -180,6 +227,8 @@ def render(results: dict, plots: list[str] | None = None) -> str:
     for name in names:
         a, c = sp.get(name), acc.get(name)
         if a is None and c is None:
+            if any(x["arm"] == name for x in bud.get("cuts", [])):
+                rows.append([f"`{name}`", "—", "skipped by the time budget (see above)", "—", "—", "—", "—", "—"])
             continue
         time_pct = a["time_vs_baseline"] if a else None
         if time_pct is None and c is not None:
