@@ -64,11 +64,25 @@ def test_accuracy_policy_then_drops_seeds_then_the_last_arm():
     assert drops == [("seed", 3), ("seed", 2)] and keep == [(FP32, 1)]
 
 
+def test_first_accuracy_run_is_bounded_from_the_speed_step(compose_benchmark):
+    from ampft.benchmark.config import check
+    from ampft.benchmark.runner import _first_run_bound, _Run
+
+    b = compose_benchmark().benchmark  # cpu-smoke: speed batch 16 x 128; accuracy 1024 samples, batch 32
+    cfgs = check(b)
+    run = _Run(b, cfgs, dict(device_type="cpu", device_name="AMD EPYC"), budget.Budget(b.budget_minutes))
+    cfg = cfgs[("accuracy", "fp32", 1)]
+    assert _first_run_bound(run, cfg) is None  # no speed-mode step time yet
+    run.steps["fp32"] = 0.78
+    seconds, what = _first_run_bound(run, cfg)
+    assert what == "32 steps of 32 x up to 128 tokens" and seconds == pytest.approx(32 * 0.78 * 2)
+
+
 def test_budget_records_cuts_against_its_clock():
     now = [100.0]
     b = budget.Budget(2, clock=lambda: now[0])
     now[0] += 50
-    assert b.elapsed() == 50 and b.left() == 70 and b.left(budget.SPEED_SHARE) == pytest.approx(-10)
+    assert b.elapsed() == 50 and b.left() == 70 and b.left(0.25) == pytest.approx(-20)
     b.cut(FP16, "accuracy", "skipped", "no accuracy runs", "fp16: 21x slower than fp32")
     now[0] += 80
     s = b.summary()
@@ -80,7 +94,7 @@ def test_budget_records_cuts_against_its_clock():
 
 # --- a real benchmark with a fake slow arm ----------------------------------------------------------
 
-FP16_STEP = 30.0  # injected: seconds a full-batch (8-row) fp16 step "takes"; the pilot (1 row) 1/8 of it
+FP16_STEP = 30.0  # injected: seconds a full-batch (8-row) fp16 step "takes"; a pilot step (1 row) 1/8 of it
 
 SLOW = [
     "benchmark.model=tiny-bert",
@@ -88,7 +102,7 @@ SLOW = [
     "benchmark.batch_size=8",
     "benchmark.budget_minutes=10",
     "benchmark.speed.warmup_steps=1",
-    "benchmark.speed.timed_steps=6",
+    "benchmark.speed.timed_steps=10",
     "benchmark.sweep.batch_sizes=[4,8]",
     "benchmark.accuracy.seeds=[1,2]",
     'benchmark.accuracy.overrides=["trainer.max_steps=6","trainer.log_every=2","checkpoint.export=false",'
@@ -135,9 +149,9 @@ def test_slow_arm_is_measured_then_cut_and_the_budget_kept(slow_fp16):
     raw = {a["arm"]: a for a in r["speed"]["raw"]}
     assert raw[FP16]["step_seconds"][:2] == [FP16_STEP, FP16_STEP] and raw[FP16]["sweep"] == []
     n = len(raw[FP16]["step_seconds"])
-    assert 2 <= n < 6 and cuts[(FP16, "speed")] == dict(cuts[(FP16, "speed")], action="shortened",
-                                                         detail=f"{n} of 6 timed steps")
-    assert len(raw[FP32]["step_seconds"]) == len(raw[BF16]["step_seconds"]) == 6
+    assert 2 <= n < 10 and cuts[(FP16, "speed")] == dict(cuts[(FP16, "speed")], action="shortened",
+                                                          detail=f"{n} of 10 timed steps")
+    assert len(raw[FP32]["step_seconds"]) == len(raw[BF16]["step_seconds"]) == 10
     assert [p["batch_size"] for p in raw[BF16]["sweep"]] == [4, 8]
     # accuracy: fp16 skipped before any run of its own, because of its measured ratio; fp32/bf16 paired
     acc = cuts[(FP16, "accuracy")]
@@ -169,12 +183,12 @@ def test_report_of_an_arm_cut_entirely_and_a_budget_overrun():
     res["accuracy"]["arms"] = results.summarize_accuracy(res["accuracy"]["runs"], ["fp32", "bf16"], "fp32")
     res["budget"] = dict(minutes=5, seconds_used=412.0, within=False, speed_share=budget.SPEED_SHARE,
                          pilot_step_seconds={"fp32": 0.1, "fp16": 2.1}, step_time_vs_baseline={"fp16": 21.0},
-                         cuts=[dict(arm="fp16", mode="speed", action="skipped", detail="one pilot step at batch 1 "
+                         cuts=[dict(arm="fp16", mode="speed", action="skipped", detail="pilot steps at batch 1 "
                                     "only (2.10 s)", reason="fp16: 21x slower than fp32 on this CPU (AMD EPYC) "
                                     "(no AVX512-FP16/AMX-FP16) at batch 1", at_seconds=30.0)])
     md = report.render(res)
     assert "**Time budget:** 5 min 00 s; took 6 min 52 s, **over it**." in md
     assert "| `fp16` | — | skipped by the time budget (see above) |" in md
-    assert "| `fp16` | speed | skipped | one pilot step at batch 1 only (2.10 s) | fp16: 21x slower" in md
+    assert "| `fp16` | speed | skipped | pilot steps at batch 1 only (2.10 s) | fp16: 21x slower" in md
     del res["budget"]  # a results.json from before the budget still renders
     assert "Time budget" not in report.render(res)

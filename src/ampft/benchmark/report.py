@@ -202,7 +202,9 @@ def render(results: dict, plots: list[str] | None = None) -> str:
     lines = [f"- model `{b['model']}`, task `{b['task']}`, sequence length {b['seq_len']}, batch {b['batch_size']}, "
              f"baseline arm `{base}`; arms: " + ", ".join(f"`{a['name']}` ({' '.join(a['overrides'])})" for a in b["arms"])]
     if "speed" in b["modes"]:
-        lines.append(f"- speed/memory: {s['warmup_steps']} warm-up steps (not timed), then {s['timed_steps']} timed "
+        pilot = "two pilot steps at batch 1 (for the time budget), then " if "budget" in results else ""
+        lines.append(f"- speed/memory: {pilot}{s['warmup_steps']} warm-up steps (not timed), then up to "
+                     f"{s['timed_steps']} timed "
                      f"optimizer steps per arm on synthetic batches of exactly {b['seq_len']} tokens (random ids, seed "
                      f"{b['seed']}, the same for every arm){', device synchronised around each step' if cuda else ''}; "
                      f"overrides {s['overrides']}")

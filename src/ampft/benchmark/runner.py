@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import statistics
 from pathlib import Path
 
@@ -69,7 +70,7 @@ class SpeedPlan:
                  budget.fmt_seconds(self.first_steps * step))
         if self.is_base or budget.fit_after_pilot(left, step, self.first_steps, self._reserve(self._full(step))):
             return True
-        r.budget.cut(self.arm.name, "speed", "skipped", f"one pilot step at batch 1 only ({pilot:.2f} s)",
+        r.budget.cut(self.arm.name, "speed", "skipped", f"pilot steps at batch 1 only ({pilot:.2f} s)",
                      f"{self.arm.name}: {budget.slower(ratio, b.baseline)} on this {r.where}"
                      f"{_why(self.precision, r.env)} at batch 1: its warm-up and probe steps alone would take "
                      f"~{budget.fmt_seconds(self.first_steps * step)}, with {budget.fmt_seconds(left)} of speed "
@@ -110,9 +111,9 @@ class SpeedPlan:
 class _Run:
     """The state of one benchmark run: the budget, and what has been measured so far for projections."""
 
-    def __init__(self, b: DictConfig, cfgs: dict, env: dict):
+    def __init__(self, b: DictConfig, cfgs: dict, env: dict, clock: budget.Budget):
         self.b, self.cfgs, self.env = b, cfgs, env
-        self.budget = budget.Budget(b.budget_minutes)
+        self.budget = clock
         self.where = f"{'CPU' if env['device_type'] == 'cpu' else 'GPU'} ({env['device_name']})"
         self.acc_arms = arms_for(b, Mode.accuracy)
         self.pilots: dict[str, float] = {}  # pilot step seconds (batch 1)
@@ -141,11 +142,12 @@ class _Run:
 def run_benchmark(b: DictConfig, out_dir: Path, conf_dir: Path = CONF_DIR, command: str = "") -> Path:
     """Run every mode and arm of benchmark config `b` within its time budget; write everything into out_dir;
     return report.md."""
+    clock = budget.Budget(b.budget_minutes)  # the budget counts from the start, composing included
     cfgs = check(b, conf_dir)  # every problem before anything is measured
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     env = environment.describe(_device(next(iter(cfgs.values()))))
-    run = _Run(b, cfgs, env)
+    run = _Run(b, cfgs, env, clock)
     log.info("benchmark %s on %s: modes %s, arms %s, budget %s", b.name, env["device_name"],
              [Mode(m).value for m in b.modes], [a.name for a in b.arms],
              "none" if b.budget_minutes is None else f"{b.budget_minutes:g} min")
@@ -184,6 +186,13 @@ def run_benchmark(b: DictConfig, out_dir: Path, conf_dir: Path = CONF_DIR, comma
         seeds = list(b.accuracy.seeds)
         pending = budget.seed_major(names, seeds, b.baseline)
         runs: list[dict] = []
+        bound = _first_run_bound(run, cfgs[(Mode.accuracy.value, pending[0][0], pending[0][1])])
+        if b.budget_minutes is not None and bound is not None and bound[0] > run.budget.left():
+            run.budget.cut(", ".join(names), "accuracy", "skipped", "no accuracy runs",
+                           f"the first accuracy run ({b.baseline}, {bound[1]}) could take up to "
+                           f"~{budget.fmt_seconds(bound[0])} (from {b.baseline}'s speed-mode step time, every row "
+                           f"at full length), with {budget.fmt_seconds(run.budget.left())} of the budget left")
+            pending = []
         while pending:
             per_run = run.per_run({a for a, _ in pending})
             if per_run is not None and b.budget_minutes is not None:
@@ -211,6 +220,25 @@ def run_benchmark(b: DictConfig, out_dir: Path, conf_dir: Path = CONF_DIR, comma
                     budget.fmt_seconds(run.budget.elapsed()), budget.fmt_seconds(run.budget.seconds))
     res["claims"] = results.evaluate_claims(res)
     return write_outputs(res, out_dir)
+
+
+def _first_run_bound(run: _Run, cfg: DictConfig) -> tuple[float, str] | None:
+    """An upper bound on the training time of the first accuracy run, from the baseline's speed-mode step time
+    scaled to the run's steps and batch (every row counted at full length); None where it cannot be known
+    (no speed-mode baseline, or a training set of unknown size)."""
+    step = run.steps.get(run.b.baseline)
+    tr = cfg.trainer
+    if step is None:
+        return None
+    if tr.max_steps > 0:
+        steps = int(tr.max_steps)
+    elif cfg.task.max_train_samples:
+        steps = math.ceil(math.ceil(cfg.task.max_train_samples / tr.batch_size) / tr.grad_accum * tr.epochs)
+    else:
+        return None
+    rows = tr.batch_size * tr.grad_accum
+    per_step = step * rows * cfg.task.max_length / (run.b.batch_size * run.b.seq_len)
+    return steps * per_step, f"{steps} steps of {rows} x up to {cfg.task.max_length} tokens"
 
 
 def _cut_accuracy(run: _Run, pending: list[tuple[str, int]], per_run: dict[str, float], seeds_done: set[int],

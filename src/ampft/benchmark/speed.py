@@ -206,8 +206,8 @@ def measure_arm(cfg: DictConfig, run_dir: Path, warmup_steps: int, timed_steps: 
                 sweep: DictConfig | None = None, plan=None) -> dict:
     """Build one arm, time its steps, measure its memory (and sweep batch sizes); free everything.
 
-    plan (the time budget, `ampft.benchmark.runner.SpeedPlan`; None: everything runs): first one pilot step
-    at batch 1, then `plan.after_pilot(seconds, build_seconds)`; False stops there (the result is then only the pilot:
+    plan (the time budget, `ampft.benchmark.runner.SpeedPlan`; None: everything runs): first two pilot steps
+    at batch 1 (the second is timed), then `plan.after_pilot(seconds, build_seconds)`; False stops there (the result is then only the pilot:
     `skipped=True`). After the warm-up and the first two timed steps (the probe),
     `plan.after_probe(probe_seconds)` returns how many timed steps to add and whether to sweep."""
     tic = time.perf_counter()
@@ -228,8 +228,8 @@ def measure_arm(cfg: DictConfig, run_dir: Path, warmup_steps: int, timed_steps: 
         free(device)
         after_build = memory_now(device)
         pilot = None
-        if plan is not None:
-            pilot = _run_steps(loop, make_batches(1, 1))[0][0]
+        if plan is not None:  # the first step pays one-time costs (kernels, allocator): time the second
+            pilot = _run_steps(loop, make_batches(2, 1))[0][1]
             if not plan.after_pilot(pilot, built):
                 return dict(skipped=True, pilot_step_seconds=pilot, precision=ran_precision,
                             precision_requested=cfg.precision.name.value, batch_size=bs, seq_len=seq_len)
