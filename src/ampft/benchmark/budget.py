@@ -3,7 +3,7 @@ time, cut what would not fit, and say what was cut and why.
 
 The policy (docs/benchmarks/README.md#the-time-budget):
 
-- Nothing is cut unmeasured. Each speed arm first takes two *pilot* steps at batch 1 (the second, free of
+- Nothing is cut unmeasured. Each speed arm first takes two *pilot* steps at a quarter of its batch (the second, free of
   one-time costs, is timed; its ratio to the baseline's projects the arm's full-batch step), then its
   warm-up steps and two timed steps (the *probe*).
 - Speed mode may use `SPEED_SHARE` of the budget when accuracy mode follows (all of it otherwise), keeping

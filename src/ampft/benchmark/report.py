@@ -141,13 +141,13 @@ def _budget_section(bud: dict, base: str) -> list[str]:
     else:
         out += [f"`benchmark.budget_minutes: {bud['minutes']:g}`; the benchmark took "
                 f"{fmt_seconds(bud['seconds_used'])}. Each speed arm is measured before anything is cut: one pilot "
-                f"step at batch 1, then its warm-up and two timed steps; speed mode may use "
+                f"step at a quarter of the batch, then its warm-up and two timed steps; speed mode may use "
                 f"{100 * bud['speed_share']:.0f}% of the budget when accuracy mode follows. Arms that would blow the "
                 "budget lose their memory sweep, then timed steps, then accuracy runs (slowest arm first, then "
                 "seeds); the policy: `docs/benchmarks/README.md#the-time-budget` (`ampft.benchmark.budget`).", ""]
     ratios = bud.get("step_time_vs_baseline") or {}
     if ratios:
-        out += [f"Step time relative to `{base}` (timed steps, or the batch-1 pilot step where the arm went no "
+        out += [f"Step time relative to `{base}` (timed steps, or the pilot step where the arm went no "
                 "further): " + ", ".join(f"`{k}` {v:.2f}x" for k, v in ratios.items()) + ".", ""]
     cuts = bud.get("cuts") or []
     if cuts:
@@ -202,7 +202,7 @@ def render(results: dict, plots: list[str] | None = None) -> str:
     lines = [f"- model `{b['model']}`, task `{b['task']}`, sequence length {b['seq_len']}, batch {b['batch_size']}, "
              f"baseline arm `{base}`; arms: " + ", ".join(f"`{a['name']}` ({' '.join(a['overrides'])})" for a in b["arms"])]
     if "speed" in b["modes"]:
-        pilot = "two pilot steps at batch 1 (for the time budget), then " if "budget" in results else ""
+        pilot = "two pilot steps at a quarter of the batch (for the time budget), then " if "budget" in results else ""
         lines.append(f"- speed/memory: {pilot}{s['warmup_steps']} warm-up steps (not timed), then up to "
                      f"{s['timed_steps']} timed "
                      f"optimizer steps per arm on synthetic batches of exactly {b['seq_len']} tokens (random ids, seed "

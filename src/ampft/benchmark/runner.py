@@ -13,7 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 from ampft.benchmark import budget, environment, plots, report, results
 from ampft.benchmark.accuracy import run_seed
 from ampft.benchmark.config import CONF_DIR, Mode, arms_for, check
-from ampft.benchmark.speed import measure_arm
+from ampft.benchmark.speed import measure_arm, pilot_batch_size
 from ampft.precision import cpu_fp16_note, cpu_half_support
 
 log = logging.getLogger(__name__)
@@ -62,17 +62,18 @@ class SpeedPlan:
             step = base_step * pilot / base_pilot
             r.ratios[self.arm.name] = pilot / base_pilot
         else:
-            step = pilot * b.batch_size  # no reference yet: linear in the batch (an overestimate)
+            step = pilot * b.batch_size / pilot_batch_size(b.batch_size)  # no reference yet: linear in the batch
         left = r.budget.left(self.share)
         ratio = r.ratios.get(self.arm.name)
-        log.info("  %s: pilot step (batch 1) %.2f s%s; warm-up and probe projected at ~%s", self.arm.name, pilot,
+        log.info("  %s: pilot step (batch %d) %.2f s%s; warm-up and probe projected at ~%s", self.arm.name,
+                 pilot_batch_size(b.batch_size), pilot,
                  f", {budget.slower(ratio, b.baseline)}" if ratio else "",
                  budget.fmt_seconds(self.first_steps * step))
         if self.is_base or budget.fit_after_pilot(left, step, self.first_steps, self._reserve(self._full(step))):
             return True
-        r.budget.cut(self.arm.name, "speed", "skipped", f"pilot steps at batch 1 only ({pilot:.2f} s)",
+        r.budget.cut(self.arm.name, "speed", "skipped", f"pilot steps at batch {pilot_batch_size(b.batch_size)} only ({pilot:.2f} s a step)",
                      f"{self.arm.name}: {budget.slower(ratio, b.baseline)} on this {r.where}"
-                     f"{_why(self.precision, r.env)} at batch 1: its warm-up and probe steps alone would take "
+                     f"{_why(self.precision, r.env)} in its pilot steps: its warm-up and probe steps alone would take "
                      f"~{budget.fmt_seconds(self.first_steps * step)}, with {budget.fmt_seconds(left)} of speed "
                      "mode's share of the budget left")
         return False
@@ -116,7 +117,7 @@ class _Run:
         self.budget = clock
         self.where = f"{'CPU' if env['device_type'] == 'cpu' else 'GPU'} ({env['device_name']})"
         self.acc_arms = arms_for(b, Mode.accuracy)
-        self.pilots: dict[str, float] = {}  # pilot step seconds (batch 1)
+        self.pilots: dict[str, float] = {}  # pilot step seconds (a quarter of the batch)
         self.steps: dict[str, float] = {}  # median probe step seconds (full batch)
         self.ratios: dict[str, float] = {}  # step time / the baseline's
         self.speed_costs: list[float] = []  # wall seconds of each speed arm

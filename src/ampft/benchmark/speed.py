@@ -202,12 +202,18 @@ def _fmt_mem(m: dict) -> str:
                      if k.endswith("_bytes") and v is not None)
 
 
+def pilot_batch_size(batch_size: int) -> int:
+    """The budget's pilot batch: a quarter of the arm's, large enough for the arithmetic (not the per-step
+    overhead) to decide its time, small enough to be cheap on an arm that crawls."""
+    return max(1, batch_size // 4)
+
+
 def measure_arm(cfg: DictConfig, run_dir: Path, warmup_steps: int, timed_steps: int, seed: int,
                 sweep: DictConfig | None = None, plan=None) -> dict:
     """Build one arm, time its steps, measure its memory (and sweep batch sizes); free everything.
 
     plan (the time budget, `ampft.benchmark.runner.SpeedPlan`; None: everything runs): first two pilot steps
-    at batch 1 (the second is timed), then `plan.after_pilot(seconds, build_seconds)`; False stops there (the result is then only the pilot:
+    at a quarter of the batch (the second is timed), then `plan.after_pilot(seconds, build_seconds)`; False stops there (the result is then only the pilot:
     `skipped=True`). After the warm-up and the first two timed steps (the probe),
     `plan.after_probe(probe_seconds)` returns how many timed steps to add and whether to sweep."""
     tic = time.perf_counter()
@@ -229,7 +235,7 @@ def measure_arm(cfg: DictConfig, run_dir: Path, warmup_steps: int, timed_steps: 
         after_build = memory_now(device)
         pilot = None
         if plan is not None:  # the first step pays one-time costs (kernels, allocator): time the second
-            pilot = _run_steps(loop, make_batches(2, 1))[0][1]
+            pilot = _run_steps(loop, make_batches(2, pilot_batch_size(bs)))[0][1]
             if not plan.after_pilot(pilot, built):
                 return dict(skipped=True, pilot_step_seconds=pilot, precision=ran_precision,
                             precision_requested=cfg.precision.name.value, batch_size=bs, seq_len=seq_len)
