@@ -109,7 +109,8 @@ def precision(reps: int, steps: int, batch: int | None) -> None:
                 print(f"  rep {rep + 1} {name}: {1000 * median[name][-1]:.0f} ms/step", flush=True)
     half = sorted(cpu_flags() & set(HALF_CPU_FLAGS))
     print(f"\nCPU: {_cpu_model()}; half-precision flags: {', '.join(half) or 'none'}; torch threads "
-          f"{torch.get_num_threads()}; batch {b.batch_size} x {b.seq_len}; {reps} interleaved repetitions of 1 warm-up + {steps} timed steps; "
+          f"{torch.get_num_threads()}; batch {b.batch_size} x {b.seq_len}; {reps} interleaved repetitions of "
+          f"1 warm-up + {steps} timed steps; "
           f"other processes' CPU share {min(busy):.0%}-{max(busy):.0%}\n")
     print("| arm | ms/step (median of reps) | per rep | time vs fp32 (median of per-rep ratios) |\n|---|---:|---|---:|")
     for name, ts in median.items():

@@ -7,7 +7,8 @@ The policy (docs/benchmarks/README.md#the-time-budget):
   one-time costs, is timed; its ratio to the baseline's projects the arm's full-batch step), then its
   warm-up steps and two timed steps (the *probe*).
 - Speed mode may use `SPEED_SHARE` of the budget when accuracy mode follows (all of it otherwise), keeping
-  room for the speed arms not yet measured (each estimated like the mean of those measured).
+  room for the speed arms not yet measured: each at least its build, pilots, warm-up and probe (estimated
+  like the arm being decided), since those are measured before anything of theirs is cut.
 - A speed arm that does not fit loses, in this order: its memory sweep; its timed steps after the probe;
   and, where even the warm-up and probe would not fit after its pilot, the whole arm (its pilot ratio is
   still reported).
@@ -21,8 +22,8 @@ The policy (docs/benchmarks/README.md#the-time-budget):
   (2) the last seed is dropped from every arm, down to two seeds (the fewest that give an interval);
   (3) the last non-baseline arm is skipped, and with it the baseline's remaining runs (they would compare
   with nothing); (4) with a single arm, seeds are dropped down to one. The first accuracy run (the
-  baseline's first seed, once its bound fits) and every pilot always run; the baseline's speed arm is never skipped, only
-  shortened. What still does not fit runs over the budget, and the report says so.
+  baseline's first seed, once its bound fits) and every pilot always run; the baseline's speed arm is
+  never skipped, only shortened. What still does not fit runs over the budget, and the report says so.
 """
 
 from __future__ import annotations

@@ -140,15 +140,16 @@ def _budget_section(bud: dict, base: str) -> list[str]:
         out += ["No budget (`benchmark.budget_minutes: null`): every arm ran in full.", ""]
     else:
         out += [f"`benchmark.budget_minutes: {bud['minutes']:g}`; the benchmark took "
-                f"{fmt_seconds(bud['seconds_used'])}. Each speed arm is measured before anything is cut: one pilot "
-                f"step at a quarter of the batch, then its warm-up and two timed steps; speed mode may use "
-                f"{100 * bud['speed_share']:.0f}% of the budget when accuracy mode follows. Arms that would blow the "
+                f"{fmt_seconds(bud['seconds_used'])}. Each speed arm is measured before anything is cut: two pilot "
+                "steps at a quarter of the batch (the second timed), then its warm-up and two timed steps; speed "
+                f"mode may use {100 * bud['speed_share']:.0f}% of the budget when accuracy mode follows. Arms that would blow the "
                 "budget lose their memory sweep, then timed steps, then accuracy runs (slowest arm first, then "
                 "seeds); the policy: `docs/benchmarks/README.md#the-time-budget` (`ampft.benchmark.budget`).", ""]
     ratios = bud.get("step_time_vs_baseline") or {}
     if ratios:
-        out += [f"Step time relative to `{base}` (timed steps, or the pilot step where the arm went no "
-                "further): " + ", ".join(f"`{k}` {v:.2f}x" for k, v in ratios.items()) + ".", ""]
+        out += [f"Step time relative to `{base}` (timed steps; where an arm went no further than its pilot, the "
+                "pilot steps', a rougher figure: at a quarter of the batch, per-step overheads weigh more): "
+                + ", ".join(f"`{k}` {v:.2f}x" for k, v in ratios.items()) + ".", ""]
     cuts = bud.get("cuts") or []
     if cuts:
         out += _table(["arm", "mode", "cut", "what remains", "why", "at"],

@@ -43,15 +43,11 @@ class SpeedPlan:
         self.share = budget.SPEED_SHARE if run.acc_arms else 1.0
         self.is_base = arm.name == b.baseline
 
-    def _reserve(self, own_full: float) -> float:
-        """Room for the speed arms after this one: each like the mean of those measured (this one included)."""
-        costs = [*self.run.speed_costs, own_full]
-        return self.unmeasured * sum(costs) / len(costs)
-
-    def _full(self, step: float) -> float:
-        b = self.run.b
-        sweep = budget.sweep_cost(step, b.batch_size, list(b.sweep.batch_sizes), b.sweep.steps)
-        return self.run.build_seconds + (b.speed.warmup_steps + b.speed.timed_steps) * step + sweep
+    def _reserve(self, step: float) -> float:
+        """Room for the speed arms after this one: each at least its build, pilots, warm-up and probe (what is
+        never cut before it is measured), estimated like this one's; the rest of theirs is cut to fit."""
+        pilot = self.run.pilots.get(self.arm.name, 0.0)
+        return self.unmeasured * (self.run.build_seconds + 2 * pilot + self.first_steps * step)
 
     def after_pilot(self, pilot: float, build_seconds: float) -> bool:
         r, b = self.run, self.run.b
@@ -69,9 +65,10 @@ class SpeedPlan:
                  pilot_batch_size(b.batch_size), pilot,
                  f", {budget.slower(ratio, b.baseline)}" if ratio else "",
                  budget.fmt_seconds(self.first_steps * step))
-        if self.is_base or budget.fit_after_pilot(left, step, self.first_steps, self._reserve(self._full(step))):
+        if self.is_base or budget.fit_after_pilot(left, step, self.first_steps, self._reserve(step)):
             return True
-        r.budget.cut(self.arm.name, "speed", "skipped", f"pilot steps at batch {pilot_batch_size(b.batch_size)} only ({pilot:.2f} s a step)",
+        r.budget.cut(self.arm.name, "speed", "skipped",
+                     f"pilot steps at batch {pilot_batch_size(b.batch_size)} only ({pilot:.2f} s a step)",
                      f"{self.arm.name}: {budget.slower(ratio, b.baseline)} on this {r.where}"
                      f"{_why(self.precision, r.env)} in its pilot steps: its warm-up and probe steps alone would take "
                      f"~{budget.fmt_seconds(self.first_steps * step)}, with {budget.fmt_seconds(left)} of speed "
@@ -92,13 +89,15 @@ class SpeedPlan:
         sweeping = bool(b.sweep.batch_sizes) and (b.sweep.arms is None or self.arm.name in b.sweep.arms)
         sweep = budget.sweep_cost(step, b.batch_size, list(b.sweep.batch_sizes), b.sweep.steps) if sweeping else 0
         left = r.budget.left(self.share)
-        reserve = self._reserve(self._full(step))
+        reserve = self._reserve(step)
         n, do_sweep = budget.fit_after_probe(left, step, more, sweep, reserve)
         log.info("  %s: probe step %.2f s%s; %d more timed steps%s", self.arm.name, step,
                  f", {budget.slower(r.ratios[self.arm.name], b.baseline)}" if self.arm.name in r.ratios else "",
                  n, " and the memory sweep" if sweeping and do_sweep else "")
-        reason = (f"{self.arm.name}: {budget.slower(r.ratios.get(self.arm.name), b.baseline)} on this {r.where}"
-                  f"{_why(self.precision, r.env)}: {budget.fmt_seconds(step)} a step; the rest of the arm would "
+        head = (f"{self.arm.name} (the baseline) on this {r.where}" if self.is_base else
+                f"{self.arm.name}: {budget.slower(r.ratios.get(self.arm.name), b.baseline)} on this {r.where}"
+                f"{_why(self.precision, r.env)}")
+        reason = (f"{head}: {budget.fmt_seconds(step)} a step; the rest of the arm would "
                   f"take ~{budget.fmt_seconds(more * step + sweep)}, with {budget.fmt_seconds(left - reserve)} "
                   "of speed mode's share of the budget left for it")
         if sweeping and not do_sweep:

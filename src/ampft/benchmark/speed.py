@@ -213,9 +213,10 @@ def measure_arm(cfg: DictConfig, run_dir: Path, warmup_steps: int, timed_steps: 
     """Build one arm, time its steps, measure its memory (and sweep batch sizes); free everything.
 
     plan (the time budget, `ampft.benchmark.runner.SpeedPlan`; None: everything runs): first two pilot steps
-    at a quarter of the batch (the second is timed), then `plan.after_pilot(seconds, build_seconds)`; False stops there (the result is then only the pilot:
-    `skipped=True`). After the warm-up and the first two timed steps (the probe),
-    `plan.after_probe(probe_seconds)` returns how many timed steps to add and whether to sweep."""
+    at a quarter of the batch (the second is timed), then `plan.after_pilot(seconds, build_seconds)`; False
+    stops there (the result is then only the pilot: `skipped=True`). After the warm-up and the first two
+    timed steps (the probe), `plan.after_probe(probe_seconds)` returns how many timed steps to add and
+    whether to sweep."""
     tic = time.perf_counter()
     loop, _, ran_precision = build(cfg, Path(run_dir))
     built = time.perf_counter() - tic
