@@ -26,9 +26,8 @@ log = logging.getLogger(__name__)
 
 
 # The CPU features that decide half-precision speed on a CPU (as /proc/cpuinfo spells them). Without native
-# float16 arithmetic (AVX512-FP16 or AMX-FP16) float16 autocast on a CPU
-# is many times slower than fp32 (measured); bfloat16 is fast with AVX512-BF16 or AMX-BF16.
-# Measured ratios per kind of CPU: docs/benchmarks/README.md#fp16-and-bf16-speed-by-kind-of-cpu.
+# float16 arithmetic (AVX512-FP16 or AMX-FP16) float16 autocast on a CPU is many times slower than fp32, and
+# bfloat16 is fast only with AVX512-BF16 or AMX-BF16: measured ratios per kind of CPU in CPU_SPEED_DOC.
 FP16_CPU_FLAGS = ("avx512_fp16", "amx_fp16")
 BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
 HALF_CPU_FLAGS = ("avx512_fp16", "amx_fp16", "avx512_bf16", "amx_bf16", "amx_tile")
@@ -63,8 +62,9 @@ def cpu_fp16_note(flags: set[str]) -> str:
     fp16 = (f"this CPU has {' and '.join(have['fp16'])}, so fp16 autocast runs at about fp32's speed, not faster"
             if have["fp16"] else
             "this CPU has neither AVX512-FP16 nor AMX-FP16, so fp16 autocast runs many times slower than fp32")
+    slow = "either, so it is slow too" if not have["fp16"] else "and is slow"
     bf16 = (f"bf16 has {' and '.join(have['bf16'])} here, the fast CPU path" if have["bf16"] else
-            "bf16 has no AVX512-BF16/AMX-BF16 here either, so measure before choosing it")
+            f"bf16 has no AVX512-BF16/AMX-BF16 here {slow}: measure before choosing it")
     return f"{fp16}; {bf16} (measured figures per kind of CPU: {CPU_SPEED_DOC})"
 
 
