@@ -141,10 +141,7 @@ def test_missing_extra_error_names_the_feature_and_the_pip_command():
 
 
 def test_metric_check_before_training_names_the_key(monkeypatch):
-    def missing(metric):
-        raise MissingExtraError(f"the {metric!r} metric needs 'sklearn' ... pip install 'ampft[metrics]'")
-
-    monkeypatch.setattr(metrics, "_lib", missing)
+    monkeypatch.setattr(metrics, "_lib", _sklearn_missing)
     metrics.check_installed(["accuracy", "seqeval", "squad"])  # need no extra
     with pytest.raises(ConfigError, match=r"task.metrics=\['accuracy', 'mcc'\]: the 'mcc' metric"):
         metrics.check_installed(["accuracy", "mcc"])
@@ -198,3 +195,25 @@ def test_recompile_limit_under_either_name(names):
         assert config.cache_size_limit == 8  # the legacy name is left alone where the new one exists
     raise_recompile_limit(config, 4)  # never lowered
     assert getattr(config, names[0]) == 20
+
+
+def _sklearn_missing(metric):
+    raise MissingExtraError(f"the {metric!r} metric (task.metrics) needs 'sklearn' ... pip install 'ampft[metrics]'")
+
+
+def test_make_evaluate_names_the_missing_extra_before_loading(tiny, tmp_path, monkeypatch):
+    from omegaconf import OmegaConf
+
+    from ampft.evaluation.saved import EvaluationError, evaluate_saved
+    from ampft.finetune import reset_accelerate, run
+
+    run(tiny("trainer.max_steps=2"), tmp_path)  # demo: accuracy and f1
+    monkeypatch.setattr(metrics, "_lib", _sklearn_missing)
+    try:
+        with pytest.raises(EvaluationError, match=r"config.yaml: task.metrics=\['accuracy', 'f1'\]: the 'f1' metric"
+                                                  r".*pip install 'ampft\[metrics\]'"):
+            evaluate_saved(OmegaConf.create(dict(run=str(tmp_path), checkpoint=None, split="validation", file=None,
+                                                 precision=None, batch_size=64, name=None)))
+    finally:
+        reset_accelerate()
+    assert not (tmp_path / "eval_validation.json").exists()

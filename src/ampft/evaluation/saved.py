@@ -16,8 +16,9 @@ from safetensors.torch import load_file
 from transformers import AutoConfig, AutoTokenizer
 
 from ampft import checkpointing, precision, tasks
-from ampft.config import FinetuneConfig, TaskFamily
+from ampft.config import ConfigError, FinetuneConfig, TaskFamily
 from ampft.data import eval_dataloader, prepare_data
+from ampft.evaluation.metrics import check_installed
 from ampft.models import MODEL_CLASSES
 
 log = logging.getLogger(__name__)
@@ -74,6 +75,10 @@ def evaluate_saved(e: DictConfig) -> dict[str, Any]:
         cfg.precision.name = e.precision
     cfg.trainer.eval_batch_size = e.batch_size
 
+    try:  # before loading anything
+        check_installed(task.metrics, key=f"{cfg_path}: task.metrics")
+    except ConfigError as exc:
+        raise EvaluationError(exc.problems[0]) from exc
     accelerator = Accelerator(**precision.accelerator_kwargs(cfg.precision), cpu=cfg.trainer.cpu)
     ran = precision.setup(accelerator, cfg.precision)
     tokenizer = AutoTokenizer.from_pretrained(weights if kind == "run" else run_dir / "tokenizer")
