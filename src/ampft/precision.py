@@ -37,7 +37,8 @@ def tf32_supported() -> bool:
 def _fp32_precision_api() -> bool:
     """torch >= 2.9 has per-backend `fp32_precision` switches. Once they are set, reading a legacy flag
     (`allow_tf32`, `get_float32_matmul_precision`) raises on torch 2.13, so one API is used, never both."""
-    return hasattr(torch.backends.cuda.matmul, "fp32_precision") and hasattr(torch.backends.cudnn, "conv")
+    cudnn = torch.backends.cudnn
+    return hasattr(torch.backends.cuda.matmul, "fp32_precision") and hasattr(cudnn, "conv") and hasattr(cudnn, "rnn")
 
 
 def set_tf32(enabled: bool) -> None:
