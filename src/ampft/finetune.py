@@ -24,7 +24,6 @@ from transformers import PreTrainedTokenizerBase, get_scheduler
 from ampft import checkpointing, distributed, precision, tasks
 from ampft.config import (
     ConfigError,
-    LoggerName,
     OptimImplementation,
     TaskFamily,
     flat,
@@ -35,8 +34,9 @@ from ampft.config import (
 from ampft.data import build_dataloaders, eval_dataloader, prepare_data
 from ampft.data.load import positive_label
 from ampft.engine import Loop, TrainingDiverged, TrainState, fit, weights_finite
+from ampft.evaluation.metrics import check_installed
 from ampft.models import MODEL_CLASSES, build_model, load_tokenizer
-from ampft.tracking import Tracker, format_summary, peak_memory_bytes, write_summary
+from ampft.tracking import Tracker, format_summary, log_with, peak_memory_bytes, write_summary
 
 log = logging.getLogger(__name__)
 
@@ -62,17 +62,23 @@ def build_optimizer(model: torch.nn.Module, o: DictConfig, device: torch.device,
     return torch.optim.AdamW(groups, lr=o.lr, betas=tuple(o.betas), eps=o.eps, **flags)
 
 
+def raise_recompile_limit(dynamo_config, limit: int) -> None:
+    """At least `limit` compiled variants per function: `recompile_limit`, called `cache_size_limit` before
+    torch 2.6 (pyproject allows torch >= 2.4)."""
+    name = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"
+    setattr(dynamo_config, name, max(getattr(dynamo_config, name), limit))
+
+
 def make_accelerator(cfg: DictConfig, run_dir: Path) -> Accelerator:
     tr = cfg.trainer
     if tr.compile:  # static shapes per padded length bucket; room for train and eval variants of each
-        limit = 4 * (tr.compile_buckets + 1)
-        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, limit)
+        raise_recompile_limit(torch._dynamo.config, 4 * (tr.compile_buckets + 1))
     return Accelerator(
         **precision.accelerator_kwargs(cfg.precision),
         **distributed.accelerator_kwargs(cfg),
         gradient_accumulation_steps=cfg.trainer.grad_accum,
         cpu=cfg.trainer.cpu,
-        log_with=None if cfg.logging.name == LoggerName.none else cfg.logging.name.value,
+        log_with=log_with(cfg.logging.name.value),
         project_dir=str(run_dir),
         # We step the scheduler ourselves, once per applied update (not on skipped fp16 steps).
         step_scheduler_with_optimizer=False,
@@ -86,6 +92,7 @@ def run(cfg: DictConfig, run_dir: Path, started: float | None = None) -> dict[st
     """One fine-tuning run; callable repeatedly in one process (Hydra multirun, tests)."""
     started = time.perf_counter() if started is None else started
     run_dir = Path(run_dir)
+    check_installed(cfg.task.metrics)  # a missing optional library is said now, not after training
     if torch.cuda.is_available():  # this run's peak, not an earlier run's in the same process (multirun)
         torch.cuda.reset_peak_memory_stats()
     try:

@@ -26,6 +26,7 @@ from transformers import (
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
+from transformers.utils import is_flash_attn_2_available
 
 from ampft.config import AttnImplementation, Precision, TaskFamily
 
@@ -117,9 +118,24 @@ def attention_implementation(requested: AttnImplementation | str, precision: Pre
         return requested.value
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if (Precision(precision) in (Precision.fp16, Precision.bf16) and device.type == "cuda"
-            and torch.cuda.get_device_capability(device)[0] >= 8 and importlib.util.find_spec("flash_attn")):
+            and torch.cuda.get_device_capability(device)[0] >= 8 and _flash_attn_2_usable()):
         return AttnImplementation.flash_attention_2.value
     return AttnImplementation.sdpa.value
+
+
+def _flash_attn_2_usable() -> bool:
+    """flash-attn as transformers accepts it (the flash-attn distribution, >= 2.3.3, CUDA) and importable: a
+    build for another torch fails on import (undefined symbol), and `auto` then falls back to SDPA."""
+    if not is_flash_attn_2_available():
+        return False
+    try:
+        importlib.import_module("flash_attn")
+    except (ImportError, OSError) as exc:
+        log.warning("model.attn_implementation=auto: flash-attn is installed but does not load (%s); using "
+                    "SDPA. Reinstall flash-attn built for torch %s, or set model.attn_implementation=sdpa.",
+                    str(exc).splitlines()[0], torch.__version__)
+        return False
+    return True
 
 
 def build_model(

@@ -77,11 +77,31 @@ def tf32_supported() -> bool:
     return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 8
 
 
+def _fp32_precision_api() -> bool:
+    """torch >= 2.9 has per-backend `fp32_precision` switches. Once they are set, reading a legacy flag
+    (`allow_tf32`, `get_float32_matmul_precision`) raises on torch 2.13, so one API is used, never both."""
+    cudnn = torch.backends.cudnn
+    return hasattr(torch.backends.cuda.matmul, "fp32_precision") and hasattr(cudnn, "conv") and hasattr(cudnn, "rnn")
+
+
 def set_tf32(enabled: bool) -> None:
-    """TF32 for matmuls and cuDNN convolutions; off means IEEE fp32 everywhere."""
+    """TF32 for CUDA matmuls and cuDNN convolutions (and RNNs); off means IEEE fp32 everywhere."""
+    if _fp32_precision_api():
+        mode = "tf32" if enabled else "ieee"
+        torch.backends.cuda.matmul.fp32_precision = mode
+        torch.backends.cudnn.conv.fp32_precision = mode
+        torch.backends.cudnn.rnn.fp32_precision = mode
+        return
     torch.backends.cuda.matmul.allow_tf32 = enabled
     torch.backends.cudnn.allow_tf32 = enabled
     torch.set_float32_matmul_precision("high" if enabled else "highest")
+
+
+def tf32_enabled() -> bool:
+    """Whether CUDA fp32 matmuls run on TF32 Tensor Cores, read through the same API `set_tf32` writes."""
+    if _fp32_precision_api():
+        return torch.backends.cuda.matmul.fp32_precision == "tf32"
+    return bool(torch.backends.cuda.matmul.allow_tf32)
 
 
 def grad_scaler_kwargs(p: DictConfig) -> dict:
@@ -133,7 +153,7 @@ def setup(accelerator: Accelerator, p: DictConfig) -> str:
 
 def effective(accelerator: Accelerator, p: DictConfig) -> str:
     """The precision that actually runs: tf32 requested where there is none runs as fp32."""
-    if p.name == Precision.tf32 and not torch.backends.cuda.matmul.allow_tf32:
+    if p.name == Precision.tf32 and not tf32_enabled():
         return "fp32"
     return Precision(p.name).value
 

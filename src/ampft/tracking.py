@@ -12,11 +12,26 @@ import resource
 from pathlib import Path
 from typing import Any
 
+import accelerate.tracking
 import torch
 from accelerate import Accelerator
 from tqdm.auto import tqdm
 
 log = logging.getLogger(__name__)
+
+
+def log_with(logger: str) -> str | None:
+    """Accelerate's `log_with` for logging.name. None for `none`, and, with a warning naming the fix, when the
+    tracker's package is not installed: Accelerate would drop the tracker without a word."""
+    if logger == "none":
+        return None
+    if logger not in {str(t) for t in accelerate.tracking.get_available_trackers()}:
+        log.warning("logging=%s: the %s package is not installed, so nothing is sent to %s (Accelerate drops a "
+                    "tracker whose package is missing, silently); metrics.jsonl and summary.json are written "
+                    "as always. Install it (pip install 'ampft[%s]', or pip install %s) or set logging=none.",
+                    logger, logger, logger, logger, logger)
+        return None
+    return logger
 
 
 def peak_memory_bytes(device: torch.device) -> tuple[int, str]:

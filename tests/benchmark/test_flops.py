@@ -74,6 +74,7 @@ def test_bert_large_formula():
     ("NVIDIA H100 80GB HBM3", "NVIDIA H100 SXM", 989.5),
     ("NVIDIA H100 PCIe", "NVIDIA H100 PCIe", 756.0),
     ("NVIDIA H200", "NVIDIA H200 SXM", 989.5),
+    ("NVIDIA H200 NVL", "NVIDIA H200 NVL", 835.5),  # the PCIe card: lower clocks than the SXM part
     ("Tesla V100-SXM2-16GB", "NVIDIA V100 SXM2", None),
     ("NVIDIA L4", "NVIDIA L4", 121.0),
     ("NVIDIA A10G", "NVIDIA A10G", 70.0),
@@ -88,6 +89,9 @@ def test_unknown_devices_and_cpus_have_no_mfu_unless_configured():
     assert flops.lookup_peak("NVIDIA H100 NVL") == (None, {})
     peak, source = flops.peak_tflops("bf16", "cpu", "Intel Xeon")
     assert peak is None and "benchmark.peak_tflops.bf16" in source
+    peak, source = flops.peak_tflops("bf16", "cuda", "NVIDIA B300 SXM6 AC")
+    assert peak is None and source.startswith("peak unknown") and "set benchmark.peak_tflops.bf16" in source
+    assert flops.peak_tflops("bf16", "cuda", "NVIDIA B300 SXM6 AC", {"bf16": 2250.0})[0] == 2250.0
     assert flops.peak_tflops("bf16", "cpu", "Intel Xeon", {"bf16": 2.0}) == (2.0, "config (benchmark.peak_tflops)")
     assert flops.peak_tflops("fp32", "cuda", "NVIDIA A100-SXM4-80GB")[0] == 19.5  # TF32 off: CUDA cores
     assert flops.peak_tflops("bf16", "cuda", "Tesla V100-SXM2-16GB")[0] is None

@@ -73,6 +73,19 @@ def build_results(device_type="cuda", device_name="NVIDIA A100-SXM4-80GB", fp16_
     return res
 
 
+def test_unknown_gpu_says_peak_unknown_instead_of_a_blank_mfu():
+    res = build_results(device_name="NVIDIA B300 SXM6 AC")
+    arm = res["speed"]["arms"][0]
+    assert arm["mfu"] is None and "set benchmark.peak_tflops.fp32" in arm["peak_tflops_source"]
+    text = report.render(res)
+    lines = text.splitlines()
+    top = next(i for i, line in enumerate(lines) if line.startswith("| arm | precision | attention"))
+    col = [c.strip() for c in lines[top].split("|")].index("MFU")
+    rows = lines[top + 2:top + 7]
+    assert [[c.strip() for c in row.split("|")][col] for row in rows] == ["peak unknown"] * 5
+    assert "set benchmark.peak_tflops.bf16" in text
+
+
 def _claims(res):
     return {c["id"]: c for c in res["claims"]}
 

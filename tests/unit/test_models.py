@@ -90,12 +90,31 @@ def test_attention_auto_is_sdpa_on_cpu_and_explicit_choices_stay(compose):
 ])
 def test_attention_auto_picks_flash_attention_where_it_runs(monkeypatch, precision, capability, installed,
                                                              expected):
-    import importlib.util
-
     import ampft.models
 
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
-    real = importlib.util.find_spec
-    monkeypatch.setattr(ampft.models.importlib.util, "find_spec",
-                        lambda name, *a: (object() if installed else None) if name == "flash_attn" else real(name, *a))
+    monkeypatch.setattr(ampft.models, "is_flash_attn_2_available", lambda: installed)
+    real = ampft.models.importlib.import_module
+    monkeypatch.setattr(ampft.models.importlib, "import_module",
+                        lambda name, *a: object() if name == "flash_attn" else real(name, *a))
     assert attention_implementation("auto", precision, torch.device("cuda", 0)) == expected
+
+
+def test_attention_auto_falls_back_to_sdpa_when_flash_attn_does_not_load(monkeypatch, caplog):
+    """A flash-attn built for another torch: transformers' check passes (the package is there), the import
+    fails on an undefined symbol; `auto` must not pick it."""
+    import ampft.models
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(ampft.models, "is_flash_attn_2_available", lambda: True)
+    real = ampft.models.importlib.import_module
+
+    def broken(name, *a):
+        if name == "flash_attn":
+            raise ImportError("flash_attn_2_cuda.so: undefined symbol: _ZN3c104cuda9SetDeviceEi")
+        return real(name, *a)
+
+    monkeypatch.setattr(ampft.models.importlib, "import_module", broken)
+    with caplog.at_level("WARNING", logger="ampft.models"):
+        assert attention_implementation("auto", "bf16", torch.device("cuda", 0)) == "sdpa"
+    assert "undefined symbol" in caplog.text and "model.attn_implementation=sdpa" in caplog.text

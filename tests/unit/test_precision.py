@@ -26,13 +26,46 @@ def test_mixed_precision_mapping(name, expected):
 
 
 def test_fp32_switches_tf32_off_explicitly(compose):
-    torch.backends.cuda.matmul.allow_tf32 = True
-    torch.backends.cudnn.allow_tf32 = True
+    precision.set_tf32(True)
+    assert precision.tf32_enabled()
     cfg = compose(["precision=fp32"])
     acc = Accelerator(**precision.accelerator_kwargs(cfg.precision))
     assert precision.setup(acc, cfg.precision) == "fp32"
-    assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
-    assert torch.get_float32_matmul_precision() == "highest"
+    assert not precision.tf32_enabled()
+    if precision._fp32_precision_api():  # torch >= 2.9: only the new switches are used (never mixed)
+        assert torch.backends.cuda.matmul.fp32_precision == "ieee"
+        assert torch.backends.cudnn.conv.fp32_precision == torch.backends.cudnn.rnn.fp32_precision == "ieee"
+    else:
+        assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
+        assert torch.get_float32_matmul_precision() == "highest"
+
+
+@pytest.mark.skipif(not hasattr(torch.backends.cuda.matmul, "fp32_precision"), reason="torch < 2.9")
+def test_tf32_uses_the_new_switches_and_never_a_legacy_one(monkeypatch):
+    legacy = []
+    monkeypatch.setattr(torch, "set_float32_matmul_precision", lambda value: legacy.append(value))
+    for enabled, mode in ((True, "tf32"), (False, "ieee")):
+        precision.set_tf32(enabled)
+        assert torch.backends.cuda.matmul.fp32_precision == mode
+        assert torch.backends.cudnn.conv.fp32_precision == torch.backends.cudnn.rnn.fp32_precision == mode
+        assert precision.tf32_enabled() is enabled
+    assert legacy == []
+
+
+def test_tf32_falls_back_to_the_legacy_flags_on_older_torch(monkeypatch):
+    """torch < 2.9: no fp32_precision attributes; allow_tf32 and set_float32_matmul_precision are the switches."""
+    from types import SimpleNamespace
+
+    matmul, cudnn, calls = SimpleNamespace(allow_tf32=False), SimpleNamespace(allow_tf32=False), []
+    monkeypatch.setattr(torch.backends.cuda, "matmul", matmul)
+    monkeypatch.setattr(torch.backends, "cudnn", cudnn)
+    monkeypatch.setattr(torch, "set_float32_matmul_precision", calls.append)
+    assert not precision._fp32_precision_api()
+    precision.set_tf32(True)
+    assert matmul.allow_tf32 and cudnn.allow_tf32 and calls == ["high"] and precision.tf32_enabled()
+    precision.set_tf32(False)
+    assert not matmul.allow_tf32 and not cudnn.allow_tf32 and calls == ["high", "highest"]
+    assert not precision.tf32_enabled()
 
 
 def test_tf32_without_tensor_cores_runs_as_fp32_and_says_so(compose):

@@ -25,7 +25,11 @@ import torch
 # Dense (no structured sparsity) peak TFLOP/s from the vendors' datasheets. fp32: CUDA cores (what
 # `precision=fp32` with TF32 switched off uses); tf32/fp16/bf16: Tensor Cores. None: not supported.
 # Matched against torch.cuda.get_device_name() in order; the first pattern that matches wins.
+# Tensor Core figures on the datasheets are "with sparsity": halved here.
+# H200 (SXM and NVL): NVIDIA H200 Tensor Core GPU datasheet / nvidia.com/en-us/data-center/h200 ("H200 SXM"
+# and "H200 NVL" columns). torch names the SXM part "NVIDIA H200" and the PCIe card "NVIDIA H200 NVL".
 PEAK_TFLOPS: list[tuple[str, str, dict[str, float | None]]] = [
+    (r"H200.*NVL", "NVIDIA H200 NVL", dict(fp32=60.0, tf32=417.5, fp16=835.5, bf16=835.5)),
     (r"H200", "NVIDIA H200 SXM", dict(fp32=67.0, tf32=494.5, fp16=989.5, bf16=989.5)),
     (r"H100.*PCIe", "NVIDIA H100 PCIe", dict(fp32=51.0, tf32=378.0, fp16=756.0, bf16=756.0)),
     (r"H100(?!.*NVL)", "NVIDIA H100 SXM", dict(fp32=67.0, tf32=494.5, fp16=989.5, bf16=989.5)),
@@ -37,8 +41,9 @@ PEAK_TFLOPS: list[tuple[str, str, dict[str, float | None]]] = [
     # A10G (AWS G5) has no public NVIDIA datasheet; these are the figures AWS/NVIDIA give for it.
     (r"A10G", "NVIDIA A10G", dict(fp32=35.0, tf32=35.0, fp16=70.0, bf16=70.0)),
 ]
-# H200 NVL and H100 NVL run at lower clocks than the SXM parts: unknown here rather than wrong.
-_NOT_IN_TABLE = re.compile(r"NVL")
+# H100 NVL runs at lower clocks than the SXM part and its datasheet figures changed between revisions:
+# unknown here rather than wrong (set benchmark.peak_tflops).
+_NOT_IN_TABLE = re.compile(r"H100.*NVL")
 
 
 def nonembedding_params(model: torch.nn.Module) -> int:
@@ -89,10 +94,11 @@ def peak_tflops(precision: str, device_type: str, device_name: str,
     if override and override.get(precision) is not None:
         return float(override[precision]), "config (benchmark.peak_tflops)"
     if device_type != "cuda":
-        return None, f"none: no peak table for {device_type} (set benchmark.peak_tflops.{precision})"
+        return None, f"peak unknown: no peak table for {device_type} (set benchmark.peak_tflops.{precision})"
     label, peaks = lookup_peak(device_name)
     if label is None:
-        return None, f"none: {device_name} is not in the table (set benchmark.peak_tflops.{precision})"
+        return None, (f"peak unknown: {device_name} is not in ampft's table (set benchmark.peak_tflops.{precision} "
+                      "to its dense peak TFLOP/s from the datasheet)")
     if peaks.get(precision) is None:
         return None, f"none: {label} has no {precision} peak"
     return peaks[precision], f"datasheet: {label}"

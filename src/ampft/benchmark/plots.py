@@ -1,16 +1,19 @@
-"""PNG plots with matplotlib's object API and the Agg canvas (no display, no global pyplot state)."""
+"""PNG plots with matplotlib's object API and the Agg canvas (no display, no global pyplot state).
+matplotlib is the `plots` extra, imported when a plot is drawn."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
+from ampft.extras import require
 
 COLORS = {"fp32": "#4c72b0", "tf32": "#8172b2", "fp16": "#dd8452", "bf16": "#55a868"}
 
 
-def _figure(w: float = 7.0, h: float = 4.0) -> tuple[Figure, object]:
+def _figure(w: float = 7.0, h: float = 4.0) -> tuple[object, object]:
+    feature = "the benchmark's PNG plots"
+    Figure = require("matplotlib.figure", "plots", feature).Figure
+    FigureCanvasAgg = require("matplotlib.backends.backend_agg", "plots", feature).FigureCanvasAgg
     fig = Figure(figsize=(w, h), dpi=100, layout="constrained")
     FigureCanvasAgg(fig)
     return fig, fig.add_subplot()

@@ -259,7 +259,8 @@ def render(results: dict, plots: list[str] | None = None) -> str:
                          f"{1000 * t['median']:.1f} [{1000 * t['q1']:.1f}–{1000 * t['q3']:.1f}]",
                          f"{1000 * t['min']:.1f}–{1000 * t['max']:.1f}",
                          f"{a['samples_per_second']['median']:.1f}", f"{a['tokens_per_second']['median']:,.0f}",
-                         f"{a['tflops']:.3g}", _pct(a["mfu"]) if a["mfu"] is not None else "—",
+                         f"{a['tflops']:.3g}", _pct(a["mfu"]) if a["mfu"] is not None else (
+                             "peak unknown" if a["peak_tflops_source"].startswith("peak unknown") else "—"),
                          _mib(a["peak_memory_bytes"]), _mib(a["peak_reserved_bytes"]) if cuda else "—",
                          str(a["skipped_steps"]), _pct(a.get("other_cpu_share"))])
         out += _table(["arm", "precision", "attention", "batch×seq", "step ms median [IQR]", "min–max ms",

@@ -10,10 +10,13 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from ampft.benchmark import budget, environment, plots, report, results
+from ampft.benchmark import budget, environment, plots, report, results, stats
 from ampft.benchmark.accuracy import run_seed
-from ampft.benchmark.config import CONF_DIR, Mode, arms_for, check
+from ampft.benchmark.config import CONF_DIR, BenchmarkConfigError, Mode, arms_for, check
 from ampft.benchmark.speed import measure_arm, pilot_batch_size
+from ampft.config import ConfigError
+from ampft.evaluation.metrics import check_installed
+from ampft.extras import MissingExtraError
 from ampft.precision import cpu_fp16_note, cpu_half_support
 
 log = logging.getLogger(__name__)
@@ -144,6 +147,7 @@ def run_benchmark(b: DictConfig, out_dir: Path, conf_dir: Path = CONF_DIR, comma
     return report.md."""
     clock = budget.Budget(b.budget_minutes)  # the budget counts from the start, composing included
     cfgs = check(b, conf_dir)  # every problem before anything is measured
+    _check_extras(b, cfgs)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     env = environment.describe(_device(next(iter(cfgs.values()))))
@@ -178,6 +182,9 @@ def run_benchmark(b: DictConfig, out_dir: Path, conf_dir: Path = CONF_DIR, comma
                 raw.append(dict(arm=arm.name, other_cpu_share=other.share, **r))
         peak_override = OmegaConf.to_container(b.peak_tflops)
         arms = [results.summarize_speed_arm(r, env, peak_override) for r in raw]
+        if env["device_type"] == "cuda":  # a GPU without a known peak: say how to get an MFU
+            for source in sorted({a["peak_tflops_source"] for a in arms if a["peak_tflops"] is None}):
+                log.warning("no MFU: %s", source)
         results.add_speed_ratios(arms, b.baseline)
         res["speed"] = dict(raw=raw, arms=arms)
 
@@ -276,12 +283,36 @@ def _cut_accuracy(run: _Run, pending: list[tuple[str, int]], per_run: dict[str, 
     return keep
 
 
+def _check_extras(b: DictConfig, cfgs: dict) -> None:
+    """Accuracy mode's metrics and confidence intervals need the `metrics` extra: say so before measuring.
+    Speed mode needs no extra; plots are skipped with a warning when matplotlib is missing."""
+    acc = [cfg for (mode, *_), cfg in cfgs.items() if mode == Mode.accuracy.value]
+    if not acc:
+        return
+    problems = []
+    try:
+        check_installed(acc[0].task.metrics, key=f"benchmark.task={b.task}: task.metrics")
+    except ConfigError as exc:
+        problems += exc.problems
+    if len(b.accuracy.seeds) > 1:
+        try:
+            stats._t_ppf(0.975, 1)
+        except MissingExtraError as exc:
+            problems.append(f"benchmark.accuracy.seeds={list(b.accuracy.seeds)}: {exc}")
+    if problems:
+        raise BenchmarkConfigError(problems)
+
+
 def write_outputs(res: dict, out_dir: Path) -> Path:
     """results.json, results.csv, the PNGs and report.md; also usable to re-render a saved results.json."""
     out_dir = Path(out_dir)
     report.write_json(res, out_dir / "results.json")
     report.write_csv(res, out_dir / "results.csv")
-    made = plots.make_plots(res, out_dir)
+    try:
+        made = plots.make_plots(res, out_dir)
+    except MissingExtraError as exc:
+        log.warning("no PNG plots (report.md has every number): %s", exc)
+        made = []
     path = out_dir / "report.md"
     path.write_text(report.render(res, made))
     log.info("report: %s", path)

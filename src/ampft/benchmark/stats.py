@@ -1,5 +1,6 @@
 """Summary statistics: median and spread of step times, mean/std over seeds, and a t-based confidence
-interval of an arm's difference to the baseline."""
+interval of an arm's difference to the baseline (its t quantile from SciPy, the `metrics` extra, imported
+only when an interval is computed)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,12 @@ import math
 import statistics
 from collections.abc import Sequence
 
-from scipy import stats as _scipy
+from ampft.extras import require
+
+
+def _t_ppf(q: float, dof: float) -> float:
+    return float(require("scipy.stats", "metrics", "the benchmark's confidence intervals (accuracy mode, "
+                         "two or more seeds)").t.ppf(q, dof))
 
 
 def describe(values: Sequence[float]) -> dict[str, float | int | None]:
@@ -43,7 +49,7 @@ def difference_ci(arm: dict[int, float], base: dict[int, float], confidence: flo
         mean = statistics.fmean(d)
         if n < 2:
             return dict(method="paired", n=n, mean=mean, ci_low=None, ci_high=None, confidence=confidence)
-        half = _scipy.t.ppf(0.5 + confidence / 2, n - 1) * statistics.stdev(d) / math.sqrt(n)
+        half = _t_ppf(0.5 + confidence / 2, n - 1) * statistics.stdev(d) / math.sqrt(n)
         return dict(method="paired", n=n, mean=mean, ci_low=mean - half, ci_high=mean + half,
                     confidence=confidence)
     x, y = list(arm.values()), list(base.values())
@@ -56,7 +62,7 @@ def difference_ci(arm: dict[int, float], base: dict[int, float], confidence: flo
         return dict(method="welch", n=min(len(x), len(y)), mean=mean, ci_low=mean, ci_high=mean,
                     confidence=confidence)
     dof = (vx + vy) ** 2 / (vx**2 / (len(x) - 1) + vy**2 / (len(y) - 1))
-    half = _scipy.t.ppf(0.5 + confidence / 2, dof) * math.sqrt(vx + vy)
+    half = _t_ppf(0.5 + confidence / 2, dof) * math.sqrt(vx + vy)
     return dict(method="welch", n=min(len(x), len(y)), mean=mean, ci_low=mean - half, ci_high=mean + half,
                 confidence=confidence)
 

@@ -1,8 +1,11 @@
 """GLUE metrics as `evaluate` modules written in the project.
 
 `evaluate.load("accuracy")` fetches a script from the Hub, which is unreachable offline; these subclasses
-of `evaluate.Metric` compute the same numbers (with scikit-learn and SciPy, as the Hub scripts do) and
-need no network. `load_metric(name)` is the one entry point.
+of `evaluate.Metric` compute the same numbers (with scikit-learn and SciPy, as the Hub scripts do; accuracy
+with numpy) and need no network. `load_metric(name)` is the one entry point.
+
+scikit-learn (f1, mcc) and SciPy (pearson, spearman) are the `metrics` extra, imported when a metric is
+computed; `check_installed(cfg.task.metrics)` says before training when one is missing.
 """
 
 from __future__ import annotations
@@ -10,8 +13,36 @@ from __future__ import annotations
 import datasets
 import evaluate
 import numpy as np
-from scipy.stats import pearsonr, spearmanr
-from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
+
+from ampft.config import ConfigError
+from ampft.extras import MissingExtraError, require
+
+# metric -> the optional module it computes with (the `metrics` extra); accuracy needs none.
+NEEDS = {"f1": "sklearn.metrics", "mcc": "sklearn.metrics", "pearson": "scipy.stats", "spearman": "scipy.stats"}
+
+
+def _lib(metric: str):
+    return require(NEEDS[metric], "metrics", f"the {metric!r} metric (task.metrics)")
+
+
+def accuracy_score(references, predictions) -> float:
+    return float(np.mean(np.asarray(references) == np.asarray(predictions)))
+
+
+def f1_score(*args, **kwargs):
+    return _lib("f1").f1_score(*args, **kwargs)
+
+
+def matthews_corrcoef(*args, **kwargs):
+    return _lib("mcc").matthews_corrcoef(*args, **kwargs)
+
+
+def pearsonr(*args, **kwargs):
+    return _lib("pearson").pearsonr(*args, **kwargs)
+
+
+def spearmanr(*args, **kwargs):
+    return _lib("spearman").spearmanr(*args, **kwargs)
 
 
 class _Metric(evaluate.Metric):
@@ -80,6 +111,16 @@ METRICS: dict[str, type[_Metric]] = {
     "pearson": Pearson,
     "spearman": Spearman,
 }
+
+
+def check_installed(names, key: str = "task.metrics") -> None:
+    """A ConfigError before any training when a metric in `names` needs a library that is not installed."""
+    for name in names:
+        if name in NEEDS:
+            try:
+                _lib(name)
+            except MissingExtraError as exc:
+                raise ConfigError([f"{key}={list(names)}: {exc}"]) from exc
 
 
 def load_metric(name: str) -> evaluate.Metric:

@@ -20,9 +20,10 @@ from safetensors.torch import load_file
 from transformers import AutoConfig, AutoTokenizer
 
 from ampft import checkpointing, precision, tasks
-from ampft.config import FinetuneConfig, TaskFamily
+from ampft.config import ConfigError, FinetuneConfig, TaskFamily
 from ampft.data import eval_dataloader, prepare_data
 from ampft.data.load import positive_label
+from ampft.evaluation.metrics import check_installed
 from ampft.models import MODEL_CLASSES
 
 log = logging.getLogger(__name__)
@@ -97,6 +98,10 @@ def evaluate_saved(e: DictConfig) -> dict[str, Any]:
     if e.batch_size is not None:
         cfg.trainer.eval_batch_size = e.batch_size
 
+    try:  # before loading anything
+        check_installed(task.metrics, key=f"{cfg_path}: task.metrics")
+    except ConfigError as exc:
+        raise EvaluationError(exc.problems[0]) from exc
     accelerator = Accelerator(**precision.accelerator_kwargs(cfg.precision), cpu=cfg.trainer.cpu)
     ran = precision.setup(accelerator, cfg.precision)
     tokenizer = AutoTokenizer.from_pretrained(weights if kind == "run" else run_dir / "tokenizer")

@@ -1,0 +1,35 @@
+"""Optional libraries, imported where a feature uses them.
+
+Fine-tuning and the speed benchmark need only the core dependencies (torch, transformers, accelerate,
+datasets, evaluate, hydra-core): what a bare CUDA image plus a few wheels has. Heavier libraries are
+declared as extras in pyproject.toml and imported inside the function that needs them; a missing one
+is a `MissingExtraError` naming the feature and the pip command, raised where it is first used.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+# extra -> the pip packages it installs (the same lists as [project.optional-dependencies]).
+EXTRAS = {
+    "metrics": "scikit-learn scipy",
+    "plots": "matplotlib",
+    "tensorboard": "tensorboard",
+}
+
+
+class MissingExtraError(ImportError):
+    """An optional library that a feature needs is not installed."""
+
+
+def require(module: str, extra: str, feature: str) -> ModuleType:
+    """`module`, imported; or a MissingExtraError saying which feature needs it and how to install it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise MissingExtraError(
+            f"{feature} needs {module.split('.')[0]!r}, which is not installed ({exc}). Install the "
+            f"{extra!r} extra: pip install 'ampft[{extra}]' (from a checkout: pip install -e '.[{extra}]', "
+            f"or pip install {EXTRAS[extra]}); `make setup` installs every extra."
+        ) from exc
