@@ -87,9 +87,14 @@ def accelerator_kwargs(cfg: DictConfig) -> dict[str, Any]:
         kwargs["kwargs_handlers"] = [InitProcessGroupKwargs(backend="gloo")]
     if d.backend == Backend.fsdp:
         from accelerate.utils import FullyShardedDataParallelPlugin
+        from torch.distributed.fsdp import MixedPrecisionPolicy
 
         kwargs["fsdp_plugin"] = FullyShardedDataParallelPlugin(
             fsdp_version=2,
+            # fp16/bf16 mean autocast here as on every backend: fp32 sharded weights, all-gathers and gradient
+            # reductions (Accelerate's default policy for bf16 would cast the weights, LayerNorm included, and
+            # reduce gradients in bf16).
+            mixed_precision_policy=MixedPrecisionPolicy(),
             reshard_after_forward=d.fsdp_reshard_after_forward,
             cpu_offload=d.fsdp_cpu_offload,
             auto_wrap_policy="transformer_based_wrap",

@@ -63,3 +63,12 @@ def test_a_launcher_world_on_cpu_trains_as_gloo_ranks_whatever_distributed_says(
     monkeypatch.setenv("WORLD_SIZE", "1")
     monkeypatch.delenv("ACCELERATE_USE_DEEPSPEED")
     assert not distributed.cpu_world(compose([]))
+
+
+def test_fsdp_bf16_keeps_fp32_weights_and_reductions_like_autocast(compose):
+    """Accelerate's default FSDP2 policy for bf16 would cast the weights (LayerNorm included) and reduce
+    gradients in bf16; ampft's keeps autocast semantics, as on every other backend."""
+    plugin = distributed.accelerator_kwargs(compose(["distributed=fsdp", "precision=bf16"]))["fsdp_plugin"]
+    plugin.set_mixed_precision("bf16")  # what AcceleratorState does with mixed_precision="bf16"
+    policy = plugin.mixed_precision_policy
+    assert (policy.param_dtype, policy.reduce_dtype, policy.output_dtype) == (None, None, None)
