@@ -399,9 +399,9 @@ def validate(cfg: DictConfig) -> list[str]:
     if (d.backend == Backend.deepspeed and d.deepspeed_precision == DeepSpeedPrecision.autocast
             and cfg.precision.name == Precision.fp16):
         problems.append("distributed.deepspeed_precision=autocast with precision=fp16: DeepSpeed's fp16 autocast "
-                        "uses its own loss scaler that ignores precision.init_scale/growth_interval and clips "
-                        "scaled gradients; use distributed.deepspeed_precision=auto (DeepSpeed's fp16 mode) or "
-                        "precision=bf16")
+                        "brings its own GradScaler with default settings, which ignores precision.init_scale, "
+                        "growth_interval and the other loss-scaling keys; use distributed.deepspeed_precision=auto "
+                        "(DeepSpeed's fp16 mode) or precision=bf16")
     if d.offload_param and d.zero_stage != 3:
         problems.append("distributed.offload_param=true needs distributed.zero_stage=3 (use distributed=deepspeed-z3-offload)")
     if d.num_machines > 1 and d.main_process_ip is None:
