@@ -47,7 +47,7 @@ print-config:  ## print the composed, resolved config for the given overrides
 test:  ## the CPU test suite, no network (CI runs it, then test-distributed)
 	$(PYTHON) -m pytest -q -m "not gpu and not distributed" $(PYTEST_ARGS)
 
-test-distributed:  ## multi-process launches on CPU: two gloo ranks, DeepSpeed ZeRO-2/3 (a few minutes)
+test-distributed:  ## every distributed option with 2 CPU ranks: DDP, ZeRO-1/2/3, FSDP2, multi-node, SLURM requeue
 	$(PYTHON) -m pytest -q -m distributed $(PYTEST_ARGS)
 
 lint:  ## ruff

@@ -9,6 +9,7 @@ import logging
 import os
 import sys
 import time
+from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -30,8 +31,9 @@ def main(cfg: DictConfig) -> float:
     from ampft.finetune import run
     from ampft.models import ModelLoadError
 
+    run_dir = HydraConfig.get().runtime.output_dir
     try:
-        summary = run(cfg, HydraConfig.get().runtime.output_dir, started=STARTED)
+        summary = run(cfg, run_dir, started=STARTED)
     except (ConfigError, DataError, ModelLoadError, CheckpointError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
@@ -40,6 +42,8 @@ def main(cfg: DictConfig) -> float:
         sys.exit(3)
     except Preempted as exc:
         print(f"preempted: {exc}", file=sys.stderr)
+        if int(os.environ.get("RANK", "0")) == 0:  # for job scripts: launchers do not pass exit code 75 on
+            (Path(run_dir) / Preempted.marker).write_text(f"{exc}\n")
         sys.exit(Preempted.exit_code)
     return summary["eval"][cfg.task.main_metric]
 

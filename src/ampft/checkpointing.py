@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 STEP_DIR = re.compile(r"^step_(\d+)$")
 MANIFEST = "manifest.json"
 TRAIN_STATE = "train_state.json"
+SCHEDULER = "scheduler.json"  # the LR scheduler, where Accelerate's save_state leaves it out (DeepSpeed)
 HASH = "sha256"  # hashlib; with SHA extensions the fastest of hashlib's on x86 and ARM (docs/architecture.md)
 BLOCK = 8 << 20
 PICKLE = re.compile(r"^custom_checkpoint_\d+\.pkl$")  # Accelerate's custom state: unpickled with weights_only=False
@@ -195,7 +196,7 @@ def _bytes_needed(run_dir: Path, accelerator: Accelerator) -> int:
 
 def save(accelerator: Accelerator, run_dir: Path, step: int, info: dict[str, Any], state: dict[str, Any],
          config: dict[str, Any], model_config, keep_last: int, keep_best: int = 0, mode: str = "max",
-         parent: Path | None = None) -> Path:
+         parent: Path | None = None, scheduler=None) -> Path:
     """Write a checkpoint atomically, then rotate: keep the last `keep_last` of the timeline and the best
     `keep_best`. `parent`: the checkpoint this line of training continues (the previous save, or the one
     it resumed from). A failed write (a full disk) leaves the earlier checkpoints as they were."""
@@ -211,6 +212,8 @@ def save(accelerator: Accelerator, run_dir: Path, step: int, info: dict[str, Any
         accelerator.wait_for_everyone()
         if accelerator.is_main_process:
             (tmp / TRAIN_STATE).write_text(json.dumps(state, indent=1))
+            if _scheduler_left_out(accelerator, scheduler):
+                (tmp / SCHEDULER).write_text(json.dumps(scheduler.state_dict(), indent=1))
             (tmp / "config.yaml").write_text(OmegaConf.to_yaml(config))
             model_config.to_json_file(tmp / "config.json")  # the architecture, to evaluate this checkpoint alone
             names = [str(p.relative_to(tmp)) for p in sorted(tmp.rglob("*")) if p.is_file()]
@@ -301,7 +304,14 @@ def resolve_resume(run_dir: Path, resume: str | None) -> Path | None:
     return path
 
 
-def load(accelerator: Accelerator, path: Path) -> dict[str, Any]:
+def _scheduler_left_out(accelerator: Accelerator, scheduler) -> bool:
+    """Under DeepSpeed, `prepare(scheduler)` hands the scheduler back bare and `save_state` leaves it out;
+    ampft then keeps its state as JSON beside the training state (registering it with Accelerate would
+    pickle it)."""
+    return scheduler is not None and scheduler not in accelerator._schedulers
+
+
+def load(accelerator: Accelerator, path: Path, scheduler=None) -> dict[str, Any]:
     """Load a verified checkpoint into the prepared objects; return its training state (plain JSON).
 
     Nothing here unpickles arbitrary objects: weights come from safetensors, the optimizer, scheduler,
@@ -334,6 +344,14 @@ def load(accelerator: Accelerator, path: Path) -> dict[str, Any]:
     except (pickle.UnpicklingError, RuntimeError, ValueError, KeyError, OSError) as exc:
         raise CheckpointError(f"checkpoint {path} could not be loaded (weights-only loading, nothing executed): "
                               f"{type(exc).__name__}: {str(exc)[:500]}") from None
+    if _scheduler_left_out(accelerator, scheduler):
+        if not (path / SCHEDULER).is_file():
+            raise CheckpointError(f"checkpoint {path} has no {SCHEDULER}: the learning-rate schedule could not be "
+                                  "resumed (a checkpoint written without it, e.g. by another backend)")
+        try:
+            scheduler.load_state_dict(json.loads((path / SCHEDULER).read_text()))
+        except (ValueError, TypeError, KeyError) as exc:
+            raise CheckpointError(f"checkpoint {path}: {SCHEDULER} is not a scheduler state: {exc}") from None
     return state
 
 

@@ -185,6 +185,12 @@ class PrecisionConfig:
     max_loss_ratio: float = 10.0
 
 
+class DeepSpeedPrecision(Choice):
+    auto = "auto"  # autocast for bf16; DeepSpeed's own fp16 mode for fp16 (its loss scaler honours precision.*)
+    autocast = "autocast"  # DeepSpeed's torch_autocast: fp32 weights and gradients, 16-bit matmuls (as elsewhere)
+    half = "half"  # DeepSpeed's fp16/bf16 sections: 16-bit weights, activations and gradients, fp32 master copy
+
+
 class Backend(Choice):
     single = "single"  # one process (CPU or one GPU)
     ddp = "ddp"  # Accelerate multi-process data parallel (MULTI_GPU, or MULTI_CPU with gloo)
@@ -211,6 +217,8 @@ class DistributedConfig:
     allgather_bucket_size: int = 500_000_000
     stage3_prefetch_bucket_size: int = 50_000_000
     stage3_param_persistence_threshold: int = 100_000
+    # How fp16/bf16 run under DeepSpeed (docs/distributed.md, "Precision on each backend").
+    deepspeed_precision: DeepSpeedPrecision = DeepSpeedPrecision.auto
     # FSDP2 (backend=fsdp).
     fsdp_reshard_after_forward: bool = True
     fsdp_cpu_offload: bool = False
@@ -446,6 +454,12 @@ def validate(cfg: DictConfig) -> list[str]:
         )
     if d.backend == Backend.deepspeed and d.zero_stage not in (0, 1, 2, 3):
         problems.append(f"distributed.zero_stage={d.zero_stage}: DeepSpeed ZeRO stages are 0, 1, 2, 3")
+    if (d.backend == Backend.deepspeed and d.deepspeed_precision == DeepSpeedPrecision.autocast
+            and cfg.precision.name == Precision.fp16):
+        problems.append("distributed.deepspeed_precision=autocast with precision=fp16: DeepSpeed's fp16 autocast "
+                        "brings its own GradScaler with default settings, which ignores precision.init_scale, "
+                        "growth_interval and the other loss-scaling keys; use distributed.deepspeed_precision=auto "
+                        "(DeepSpeed's fp16 mode) or precision=bf16")
     if d.offload_param and d.zero_stage != 3:
         problems.append("distributed.offload_param=true needs distributed.zero_stage=3 (use distributed=deepspeed-z3-offload)")
     if d.num_machines > 1 and d.main_process_ip is None:

@@ -8,8 +8,12 @@ precision is never written in two places and never disagrees with the run's prec
 from __future__ import annotations
 
 import logging
+import os
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
+import torch
 from omegaconf import DictConfig
 
 from ampft.config import Backend
@@ -39,7 +43,7 @@ def deepspeed_config(cfg: DictConfig) -> tuple[dict[str, Any], list[str]]:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
     if d.offload_param:
         zero["offload_param"] = {"device": "cpu", "pin_memory": True}
-    section, caveats = deepspeed_section(cfg.precision)
+    section, caveats = deepspeed_section(cfg.precision, d.deepspeed_precision)
     config = {
         "train_micro_batch_size_per_gpu": tr.batch_size,
         "gradient_accumulation_steps": tr.grad_accum,
@@ -52,45 +56,135 @@ def deepspeed_config(cfg: DictConfig) -> tuple[dict[str, Any], list[str]]:
     return config, caveats
 
 
+def _deepspeed(cfg: DictConfig) -> bool:
+    """DeepSpeed asked for by the config, or by the launcher (`accelerate launch --use_deepspeed`)."""
+    return cfg.distributed.backend == Backend.deepspeed or os.environ.get("ACCELERATE_USE_DEEPSPEED") == "true"
+
+
+def cpu_world(cfg: DictConfig) -> bool:
+    """A launcher (accelerate launch, torchrun) started several ranks on a machine without GPUs: they train
+    as one gloo world (Accelerate's MULTI_CPU; FSDP2 on top for distributed=fsdp), whatever `distributed`
+    says. Without this, Accelerate would make each rank a lone process. DeepSpeed gets its world apart."""
+    return not torch.cuda.is_available() and int(os.environ.get("WORLD_SIZE", "1")) > 1 and not _deepspeed(cfg)
+
+
 def accelerator_kwargs(cfg: DictConfig) -> dict[str, Any]:
     """`Accelerator(...)` plugin arguments for the distributed backend (none for single and ddp)."""
     d = cfg.distributed
+    kwargs: dict[str, Any] = {}
     if d.backend == Backend.deepspeed:
         from accelerate.utils import DeepSpeedPlugin
 
         config, caveats = deepspeed_config(cfg)
         for caveat in caveats:
             log.warning("DeepSpeed: %s", caveat)
-        return {"deepspeed_plugin": DeepSpeedPlugin(hf_ds_config=config, zero3_save_16bit_model=d.zero_stage == 3)}
+        kwargs["deepspeed_plugin"] = DeepSpeedPlugin(hf_ds_config=config, zero3_save_16bit_model=d.zero_stage == 3)
+    if _deepspeed(cfg) and not torch.cuda.is_available():
+        from accelerate.utils import InitProcessGroupKwargs
+
+        # Accelerate picks no process-group backend for DeepSpeed without GPUs, so every rank would run
+        # alone; gloo gives DeepSpeed (its CPU accelerator, without oneCCL) a real world.
+        kwargs["kwargs_handlers"] = [InitProcessGroupKwargs(backend="gloo")]
     if d.backend == Backend.fsdp:
         from accelerate.utils import FullyShardedDataParallelPlugin
+        from torch.distributed.fsdp import MixedPrecisionPolicy
 
-        return {"fsdp_plugin": FullyShardedDataParallelPlugin(
+        kwargs["fsdp_plugin"] = FullyShardedDataParallelPlugin(
             fsdp_version=2,
+            # fp16/bf16 mean autocast here as on every backend: fp32 sharded weights, all-gathers and gradient
+            # reductions (Accelerate's default policy for bf16 would cast the weights, LayerNorm included, and
+            # reduce gradients in bf16).
+            mixed_precision_policy=MixedPrecisionPolicy(),
             reshard_after_forward=d.fsdp_reshard_after_forward,
             cpu_offload=d.fsdp_cpu_offload,
             auto_wrap_policy="transformer_based_wrap",
             state_dict_type="SHARDED_STATE_DICT",
             cpu_ram_efficient_loading=False,
-        )}
-    return {}
+        )
+    return kwargs
+
+
+def fsdp_on_cpu(accelerator, plugin) -> None:
+    """Run FSDP2 on CPU ranks through Accelerate's own FSDP path.
+
+    Accelerate 1.15 takes an FSDP plugin only for GPU-like worlds (MULTI_CPU is missing from the list in
+    `AcceleratorState.__init__`), so on CPU ranks it silently runs plain DDP. `fully_shard` itself runs on
+    gloo (torch >= 2.6), so ampft finishes the set-up Accelerate skipped, exactly as it does for GPUs: the
+    FSDP type, the plugin, its mixed-precision policy. Everything after that (fully_shard per layer and the
+    root in `prepare`, sharded DCP checkpoints, the gathered export) is Accelerate's unchanged FSDP2 code.
+    """
+    from accelerate.state import PartialState
+    from accelerate.utils import DistributedType
+
+    state = accelerator.state
+    if plugin is None or state.distributed_type != DistributedType.MULTI_CPU:
+        return
+    if state.mixed_precision != "no":
+        plugin.set_mixed_precision(state.mixed_precision)
+    state.fsdp_plugin = plugin
+    state.distributed_type = DistributedType.FSDP
+    PartialState._shared_state["distributed_type"] = DistributedType.FSDP  # as AcceleratorState does
+
+
+def transformer_layer_class(model: torch.nn.Module) -> str:
+    """The class name of the model's transformer block (BertLayer, RobertaLayer, ...): the element type of its
+    largest ModuleList of identical modules. FSDP wraps each of these (not `_no_split_modules`, which for BERT
+    also names the embeddings, nested in the model and sharded twice)."""
+    lists = [m for m in model.modules()
+             if isinstance(m, torch.nn.ModuleList) and len(m) and len({type(x) for x in m}) == 1]
+    if not lists:
+        raise ValueError(f"{type(model).__name__} has no list of repeated layers for FSDP to wrap")
+    return type(max(lists, key=lambda m: sum(p.numel() for p in m.parameters()))[0]).__name__
+
+
+def set_fsdp_layers(accelerator, model: torch.nn.Module) -> None:
+    """FSDP: wrap this model's transformer layer class (chosen per model, before `prepare`)."""
+    plugin = getattr(accelerator.state, "fsdp_plugin", None)
+    if plugin is not None and accelerator.distributed_type.value == "FSDP":
+        plugin.transformer_cls_names_to_wrap = [transformer_layer_class(model)]
+        log.info("FSDP: sharding each %s, then the root", plugin.transformer_cls_names_to_wrap[0])
+
+
+@contextmanager
+def whole_model_init(accelerator):
+    """Build the model whole on every rank, as one process does, so that one seed gives the same initial
+    weights on every backend; DeepSpeed ZeRO-3 partitions it in `prepare`. (Accelerate's DeepSpeed plugin
+    registers its config with transformers, which then builds ZeRO-3 models under `deepspeed.zero.Init`:
+    partitioned at birth and initialised differently. The cost: the whole model once per rank, at start.)"""
+    plugin = accelerator.state.deepspeed_plugin
+    if plugin is None:
+        yield
+        return
+    from transformers.integrations.deepspeed import unset_hf_deepspeed_config
+
+    unset_hf_deepspeed_config()
+    try:
+        yield
+    finally:
+        plugin.set_deepspeed_weakref()
+
+
+def prepare_environment(cfg: DictConfig, run_dir: Path) -> None:
+    """DeepSpeed JIT-builds its ops under TORCH_EXTENSIONS_DIR, by default ~/.cache/torch_extensions, shared by
+    every run of the machine: a lock left there by a killed build hangs every later run. Each DeepSpeed run
+    builds in its own folder unless TORCH_EXTENSIONS_DIR is set."""
+    if cfg.distributed.backend == Backend.deepspeed:
+        os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(run_dir).resolve() / "torch_extensions"))
 
 
 def check_world(accelerator) -> None:
-    """Refuse a run whose ranks would each train alone: every rank must see the same world size.
-
-    Measured with accelerate 1.15 + DeepSpeed 0.19 on a machine without GPUs: `accelerate launch
-    --use_deepspeed --num_processes 2` starts a DeepSpeed world of 2, yet Accelerate sets up each rank as a
-    single process (no data sharding, every rank "main"), i.e. two copies of the same run writing one folder.
-    """
+    """Refuse a run whose ranks would each train alone: every rank must see the launcher's world size."""
     import torch.distributed as dist
 
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() != accelerator.num_processes:
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if dist.is_available() and dist.is_initialized():
+        world = dist.get_world_size()
+    if world != accelerator.num_processes:
         from ampft.config import ConfigError
 
         raise ConfigError([
-            f"the process group has {dist.get_world_size()} ranks but Accelerate runs "
-            f"{accelerator.num_processes} process(es) ({accelerator.distributed_type.value} on "
-            f"{accelerator.device}). On a machine without GPUs DeepSpeed can only run with nproc=1; for several "
-            "CPU processes use distributed=ddp."
+            f"the launcher started {world} ranks but Accelerate set up {accelerator.num_processes} process(es) "
+            f"({accelerator.distributed_type.value} on {accelerator.device}): each rank would train alone. "
+            "Launch with `make finetune distributed=ddp nproc=N` (or distributed=deepspeed-z2, fsdp, ...), "
+            "which picks the launcher settings for this machine."
         ])

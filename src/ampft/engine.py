@@ -218,8 +218,17 @@ class Guard:
         )
 
 
-def weights_finite(model: torch.nn.Module) -> bool:
-    return all(bool(torch.isfinite(p).all()) for p in model.parameters())
+def weights_finite(model: torch.nn.Module, acc: Accelerator | None = None) -> bool:
+    """All weights finite, on every rank. Sharded weights (ZeRO-3 partitions, FSDP2 DTensors) are checked
+    shard by shard where they live; the ranks then agree (one all-reduce)."""
+    def local(p: torch.Tensor) -> torch.Tensor:
+        p = getattr(p, "ds_tensor", p)  # ZeRO-3: this rank's partition (the parameter itself is released)
+        return p.to_local() if hasattr(p, "to_local") else p  # FSDP2: this rank's shard
+
+    ok = all(bool(torch.isfinite(local(p).detach()).all()) for p in model.parameters())
+    if acc is not None and acc.num_processes > 1:
+        ok = bool(acc.reduce(torch.tensor(int(ok), device=acc.device), reduction="sum") == acc.num_processes)
+    return ok
 
 
 def fit(loop: Loop) -> TrainState:
@@ -354,7 +363,7 @@ def _checkpoint(loop: Loop, meters: Meters, guard: Guard) -> None:
     st, ck = loop.state, loop.cfg.checkpoint
     guard.check(st.step)
     guard.check_loss(st.step)
-    if not weights_finite(loop.model):  # never overwrite good checkpoints with broken weights
+    if not weights_finite(loop.model, loop.accelerator):  # never overwrite good checkpoints with broken weights
         guard.fail(st.step, "the weights are not finite at a checkpoint")
     metric = None
     if ck.keep_best or ck.export_best:  # rank checkpoints by an evaluation at this very step
@@ -366,7 +375,8 @@ def _checkpoint(loop: Loop, meters: Meters, guard: Guard) -> None:
     loop.last_checkpoint = checkpointing.save(
         loop.accelerator, loop.run_dir, st.step, info, st.state_dict(), to_plain(loop.cfg),
         loop.accelerator.unwrap_model(loop.model).config, ck.keep_last, ck.keep_best,
-        metric_mode(ck.metric or loop.cfg.task.main_metric, ck.mode), parent=loop.last_checkpoint)
+        metric_mode(ck.metric or loop.cfg.task.main_metric, ck.mode), parent=loop.last_checkpoint,
+        scheduler=loop.scheduler)
     meters.restart()
 
 
@@ -374,6 +384,7 @@ class Preempted(Exception):
     """SIGTERM/SIGUSR1 arrived; a checkpoint was written at the next step boundary."""
 
     exit_code = 75  # EX_TEMPFAIL: try again (resume with checkpoint.resume=latest)
+    marker = "PREEMPTED"  # written into the run dir: `accelerate launch` exits 1 when its ranks exit 75
 
 
 @contextmanager

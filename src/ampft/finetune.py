@@ -73,11 +73,14 @@ def make_accelerator(cfg: DictConfig, run_dir: Path) -> Accelerator:
     tr = cfg.trainer
     if tr.compile:  # static shapes per padded length bucket; room for train and eval variants of each
         raise_recompile_limit(torch._dynamo.config, 4 * (tr.compile_buckets + 1))
-    return Accelerator(
-        **precision.accelerator_kwargs(cfg.precision),
-        **distributed.accelerator_kwargs(cfg),
+    distributed.prepare_environment(cfg, run_dir)
+    kwargs = precision.accelerator_kwargs(cfg.precision)
+    for key, value in distributed.accelerator_kwargs(cfg).items():  # kwargs_handlers from both
+        kwargs[key] = kwargs.get(key, []) + value if key == "kwargs_handlers" else value
+    accelerator = Accelerator(
+        **kwargs,
         gradient_accumulation_steps=cfg.trainer.grad_accum,
-        cpu=cfg.trainer.cpu,
+        cpu=cfg.trainer.cpu or distributed.cpu_world(cfg),
         log_with=log_with(cfg.logging.name.value),
         project_dir=str(run_dir),
         # We step the scheduler ourselves, once per applied update (not on skipped fp16 steps).
@@ -86,6 +89,8 @@ def make_accelerator(cfg: DictConfig, run_dir: Path) -> Accelerator:
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, non_blocking=True),
         dynamo_plugin=TorchDynamoPlugin(backend="inductor" if tr.compile else "no", dynamic=False),
     )
+    distributed.fsdp_on_cpu(accelerator, kwargs.get("fsdp_plugin"))
+    return accelerator
 
 
 def run(cfg: DictConfig, run_dir: Path, started: float | None = None) -> dict[str, Any]:
@@ -137,7 +142,10 @@ def build(cfg: DictConfig, run_dir: Path) -> tuple[Loop, PreTrainedTokenizerBase
     if accelerator.is_main_process:  # checkpoints of this run can then be evaluated on their own
         tokenizer.save_pretrained(run_dir / "tokenizer")
     data = prepare_data(cfg, tokenizer, accelerator.main_process_first)
-    model = build_model(cfg.model, tokenizer, data.labels, cfg.task.family, cfg.precision.name, accelerator.device)
+    with distributed.whole_model_init(accelerator):
+        model = build_model(cfg.model, tokenizer, data.labels, cfg.task.family, cfg.precision.name,
+                            accelerator.device)
+    distributed.set_fsdp_layers(accelerator, model)
     optimizer = build_optimizer(model, cfg.optim, accelerator.device, loss_scaling=accelerator.scaler is not None)
     train_dl, eval_dl = build_dataloaders(cfg, data, tokenizer, accelerator.device, model=model,
                                           num_processes=accelerator.num_processes)
@@ -156,7 +164,7 @@ def build(cfg: DictConfig, run_dir: Path) -> tuple[Loop, PreTrainedTokenizerBase
     state = TrainState()  # checkpointed as JSON by checkpointing.save, not registered with Accelerate
 
     if resume is not None:
-        state.load_state_dict(checkpointing.load(accelerator, resume))
+        state.load_state_dict(checkpointing.load(accelerator, resume, scheduler))
         log.info("resumed from %s at step %d (epoch %d, batch %d)", resume, state.step, state.epoch,
                  state.batch_in_epoch)
 
@@ -208,6 +216,9 @@ def finish(loop: Loop, tokenizer: PreTrainedTokenizerBase, ran_precision: str, s
         task_family=cfg.task.family.value,
         precision=ran_precision,
         precision_requested=cfg.precision.name.value,
+        # DeepSpeed: "autocast" (fp32 weights and gradients, as elsewhere) or "half" (16-bit weights and gradients).
+        deepspeed_precision=(precision.deepspeed_mode(cfg.precision, cfg.distributed.deepspeed_precision)
+                             if accelerator.distributed_type.value == "DEEPSPEED" else None),
         eval={k: v for k, v in state.eval_results.items() if k != "samples"},
         eval_samples=state.eval_results["samples"],
         main_metric=cfg.task.main_metric,
@@ -248,7 +259,7 @@ def finish(loop: Loop, tokenizer: PreTrainedTokenizerBase, ran_precision: str, s
             m = checkpointing.manifest(top[0])["metric"]
             checkpointing.load(accelerator, top[0])  # the best weights (the summary above stays the run's)
             summary["exported"] = f"best: {top[0].name} ({m['name']}={m['value']:.4g})"
-        if not weights_finite(model):
+        if not weights_finite(model, accelerator):
             raise TrainingDiverged("the final weights are not finite: not exporting them")
         summary["export_dir"] = str(run_dir / "model")
         checkpointing.export(accelerator, model, tokenizer, run_dir / "model", to_plain(cfg), model_card(summary))

@@ -71,15 +71,11 @@ def commands(cfg: DictConfig, overrides: list[str], create: bool = True) -> tupl
     if d.num_machines > 1 and _run_dir(cfg, overrides, create=False) is None:
         raise SystemExit("error: several machines need one shared run directory: pass hydra.run.dir=/shared/path "
                          "(or run under SLURM, where $SLURM_JOB_ID names it)")
-    if not torch.cuda.is_available() and d.backend == Backend.deepspeed and d.num_processes * d.num_machines > 1:
-        raise SystemExit("error: DeepSpeed on a machine without GPUs: Accelerate would run every rank as a lone "
-                         "process (see docs/distributed.md). DeepSpeed can only run with nproc=1 here; for "
-                         "several CPU processes use distributed=ddp.")
-    if not torch.cuda.is_available() and d.backend == Backend.fsdp:
-        raise SystemExit("error: distributed=fsdp needs GPUs, and this machine has none; use distributed=ddp")
     env = {}
-    if not torch.cuda.is_available() and d.backend == Backend.ddp:
-        env["ACCELERATE_USE_CPU"] = "true"  # MULTI_CPU ranks over gloo (`--cpu` alone starts one process)
+    if not torch.cuda.is_available() and d.backend in (Backend.ddp, Backend.fsdp):
+        # MULTI_CPU ranks over gloo (`--cpu` alone starts one process); FSDP2 then runs on them
+        # (ampft.distributed.fsdp_on_cpu). DeepSpeed needs no flag: it gets gloo from ampft.
+        env["ACCELERATE_USE_CPU"] = "true"
     run_dir = _run_dir(cfg, overrides, create)  # after every refusal: no empty folder left behind
     cmds = []
     for rank in range(d.num_machines):

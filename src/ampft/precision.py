@@ -158,11 +158,31 @@ def effective(accelerator: Accelerator, p: DictConfig) -> str:
     return Precision(p.name).value
 
 
-def deepspeed_section(p: DictConfig) -> tuple[dict, list[str]]:
+def deepspeed_mode(p: DictConfig, mode: str = "auto") -> str | None:
+    """How a 16-bit precision runs under DeepSpeed (`distributed.deepspeed_precision`): "autocast" (fp32
+    weights and gradients, autocast forward: what precision=bf16 means on every other backend) or "half"
+    (DeepSpeed's fp16/bf16 sections: 16-bit weights, activations and gradients, fp32 master weights in the
+    optimizer). `auto`: autocast for bf16, half for fp16 (its loss scaler is the one that honours the
+    precision group's keys and reports skipped steps). None for fp32/tf32."""
+    if p.name not in (Precision.fp16, Precision.bf16):
+        return None
+    mode = getattr(mode, "value", mode)
+    if mode == "auto":
+        return "autocast" if p.name == Precision.bf16 else "half"
+    return mode
+
+
+def deepspeed_section(p: DictConfig, mode: str = "auto") -> tuple[dict, list[str]]:
     """The fp16/bf16 part of a DeepSpeed config, from the same keys; plus what DeepSpeed cannot honour."""
     fp16 = p.name == Precision.fp16
-    section: dict = {"fp16": {"enabled": fp16}, "bf16": {"enabled": p.name == Precision.bf16}}
     caveats: list[str] = []
+    if deepspeed_mode(p, mode) == "autocast":
+        # fp32 weights, gradients and gradient reduction (no lower-precision communication), 16-bit
+        # autocast in the forward pass: the same arithmetic as torch autocast with one process or DDP.
+        dtype = "float16" if fp16 else "bfloat16"
+        return {"fp16": {"enabled": False}, "bf16": {"enabled": False},
+                "torch_autocast": {"enabled": True, "dtype": dtype, "lower_precision_safe_modules": []}}, caveats
+    section: dict = {"fp16": {"enabled": fp16}, "bf16": {"enabled": p.name == Precision.bf16}}
     if fp16:
         power = math.log2(p.init_scale)
         if power != int(power):

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from ampft.precision import deepspeed_section
+import pytest
+
+from ampft.config import ConfigError, validate
+from ampft.precision import deepspeed_mode, deepspeed_section
 
 
 def test_fp16_section_from_the_loss_scaling_keys(compose):
@@ -27,8 +30,26 @@ def test_static_scale_and_what_deepspeed_cannot_honour(compose):
 
 
 def test_bf16_and_fp32_sections(compose):
+    # bf16 means autocast with fp32 weights and gradients, as on every other backend (fp32 gradient reduction)
     assert deepspeed_section(compose(["precision=bf16"]).precision)[0] == {
+        "fp16": {"enabled": False}, "bf16": {"enabled": False},
+        "torch_autocast": {"enabled": True, "dtype": "bfloat16", "lower_precision_safe_modules": []}}
+    # ... or DeepSpeed's own bf16 mode (16-bit weights and gradients), when asked for
+    assert deepspeed_section(compose(["precision=bf16"]).precision, "half")[0] == {
         "fp16": {"enabled": False}, "bf16": {"enabled": True}}
     for name in ("fp32", "tf32"):
         assert deepspeed_section(compose([f"precision={name}"]).precision)[0] == {
             "fp16": {"enabled": False}, "bf16": {"enabled": False}}
+
+
+def test_deepspeed_precision_mode_per_precision(compose):
+    mode = lambda prec, m="auto": deepspeed_mode(compose([f"precision={prec}"]).precision, m)  # noqa: E731
+    assert (mode("bf16"), mode("fp16"), mode("fp32"), mode("tf32")) == ("autocast", "half", None, None)
+    assert (mode("bf16", "half"), mode("fp16", "half")) == ("half", "half")
+
+
+def test_deepspeed_fp16_autocast_is_refused_with_the_fix(compose):
+    with pytest.raises(ConfigError) as err:
+        validate(compose(["distributed=deepspeed-z2", "precision=fp16", "distributed.deepspeed_precision=autocast"]))
+    assert "distributed.deepspeed_precision=auto" in str(err.value)
+    validate(compose(["distributed=deepspeed-z2", "precision=bf16", "distributed.deepspeed_precision=half"]))
