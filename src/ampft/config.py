@@ -532,7 +532,7 @@ CHECKED_ELSEWHERE = {
     "task.label_all_subtokens", "task.tag_scheme", "task.seqeval_mode", "task.doc_stride", "task.max_answer_length",
     "task.n_best", "task.version_2", "task.positive_label", "task.column_names", "model.pretrained", "model.arch", "model.attn_implementation",
     "precision.name", "precision.init_scale", "precision.growth_factor", "precision.backoff_factor",
-    "precision.growth_interval", "precision.max_consecutive_nonfinite", "precision.max_loss_ratio", "distributed.name", "distributed.backend",
+    "precision.growth_interval", "precision.max_consecutive_nonfinite", "precision.max_loss_ratio", "distributed.name", "distributed.backend", "distributed.deepspeed_precision",
     "distributed.num_processes", "distributed.num_machines", "distributed.machine_rank",
     "distributed.main_process_ip", "distributed.accelerate_config", "distributed.zero_stage",
     "distributed.offload_optimizer", "distributed.offload_param", "distributed.fsdp_reshard_after_forward",

@@ -128,7 +128,8 @@ def test_qa_on_squad_trains_and_answers_with_spans_of_the_context(tiny, squad_fi
     assert "pipeline_tag: question-answering" in (tmp_path / "model" / "README.md").read_text()
     out = _evaluate(run=str(tmp_path), name="dev")
     assert out["metrics"] == pytest.approx(ev)
-    assert json.loads((tmp_path / "predictions_dev.json").read_text()) == predictions
+    assert json.loads((tmp_path / "evaluations" / "dev" / "predictions_validation.json").read_text()) == predictions
+    assert json.loads((tmp_path / "predictions_validation.json").read_text()) == predictions  # the run's own: kept
 
 
 # ---- sequence classification: an extra validation split --------------------------------------------
