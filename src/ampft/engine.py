@@ -314,7 +314,7 @@ def _fit(loop: Loop, preempt: dict) -> TrainState:
                 raise Preempted(f"stopped by {preempt['signal']} at step {st.step}; checkpoint written: "
                                 f"{loop.last_checkpoint}. Resume: hydra.run.dir={loop.run_dir} "
                                 "checkpoint.resume=latest")
-            if st.step >= loop.max_steps or _out_of_time(acc, deadline):
+            if st.step >= loop.max_steps or _out_of_time(acc, deadline, st.step, tr.log_every):
                 break
         else:  # the epoch ran out before max_steps
             st.epoch += 1
@@ -334,12 +334,17 @@ def _fit(loop: Loop, preempt: dict) -> TrainState:
     return st
 
 
-def _out_of_time(acc: Accelerator, deadline: float | None) -> bool:
-    """trainer.max_minutes has passed; every rank decides alike (the slowest rank's clock counts)."""
+def _out_of_time(acc: Accelerator, deadline: float | None, step: int, log_every: int) -> bool:
+    """trainer.max_minutes has passed. One process reads its clock (no device sync); several ranks decide
+    alike at logging points, as for preemption (one collective per interval; the slowest rank's clock counts)."""
     if deadline is None:
         return False
-    late = torch.tensor(float(time.monotonic() > deadline), device=acc.device)
-    return bool(acc.reduce(late, reduction="max").item()) if acc.num_processes > 1 else bool(late.item())
+    late = time.monotonic() > deadline
+    if acc.num_processes == 1:
+        return late
+    if step % log_every:
+        return False
+    return bool(acc.reduce(torch.tensor(float(late), device=acc.device), reduction="max").item())
 
 
 def _close_window(st: TrainState, acc: Accelerator, window_loss: torch.Tensor, batches: int) -> None:
