@@ -54,7 +54,7 @@ def extra_split_names(task: DictConfig) -> list[str]:
 def _load_file(path: str, split: str, column_names: list[str] | None = None) -> Dataset:
     """One split from one file; each file is read on its own terms (format, delimiter, columns).
     `column_names`: the file (csv/tsv) has no header row, these name its columns."""
-    check_rows(path, split)
+    check_rows(path, split, column_names)
     # datasets keys its own cache of a local file by path and mtime only: a file rewritten with its mtime
     # kept (cp -p, rsync -a, tar x) would be served stale. The content digest in the builder's config id
     # (`description` is a field of every BuilderConfig) makes its cache follow the content.
@@ -63,7 +63,6 @@ def _load_file(path: str, split: str, column_names: list[str] | None = None) -> 
         # Text is text: "NA" or "null" in a sentence stays a word, not a missing value.
         kwargs.update(keep_default_na=False)
         if column_names is not None:
-            _check_field_count(path, split, column_names)
             kwargs.update(column_names=list(column_names), header=None)
         if Path(path).suffix.lower() == ".tsv":  # GLUE-style TSV: quotes are text, not delimiters
             kwargs.update(delimiter="\t", quoting=csv.QUOTE_NONE)
@@ -93,8 +92,9 @@ def _digest(path: str, size: int, *stamp: int) -> str:
         return f"{size}-{hashlib.file_digest(f, 'sha256').hexdigest()[:20]}"
 
 
-def check_rows(path: str, split: str) -> None:
-    """Rows of a csv/tsv file with as many fields as the header, lines of a JSON-lines file that parse as
+def check_rows(path: str, split: str, column_names: list[str] | None = None) -> None:
+    """Rows of a csv/tsv file with as many fields as the header (or, for a headerless file, as
+    `task.column_names` names), lines of a JSON-lines file that parse as
     objects with the first line's keys: a DataError naming the file, line and what was found otherwise.
 
     pandas reads a row with one field too many by taking its first field as an index, shifting every
@@ -102,23 +102,26 @@ def check_rows(path: str, split: str) -> None:
     key, fmt = f"{split_key(split)}={path}", file_format(path)
     try:
         if fmt == "csv":
-            _check_csv(path, key)
+            _check_csv(path, key, column_names)
         elif fmt == "json":
             _check_json(path, key)
     except UnicodeDecodeError as exc:
         raise DataError(f"{key}: not UTF-8 text ({exc}); convert it, e.g. iconv -t utf-8") from exc
 
 
-def _check_csv(path: str, key: str) -> None:
+def _check_csv(path: str, key: str, names: list[str] | None = None) -> None:
     tsv = Path(path).suffix.lower() == ".tsv"
     with open(path, encoding="utf-8", newline="") as f:
         reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE) if tsv else csv.reader(f)
-        width, start = None, 1
+        width, start = (None if names is None else len(names)), 1
         try:
             for row in reader:
                 if row:  # blank lines are skipped, as pandas does
                     if width is None:
                         width = len(row)
+                    elif len(row) != width and names is not None:
+                        raise DataError(f"{key}: line {start} has {len(row)} fields ({row[:6]!r}) but task.column_names "
+                                        f"names {len(names)}: {list(names)}. Name every column, in order (or fix the line)")
                     elif len(row) != width:
                         what = "tab" if tsv else "comma"
                         raise DataError(
@@ -165,18 +168,6 @@ def _check_json(path: str, key: str) -> None:
         elif missing := sorted(first[1] - set(row)):
             raise DataError(f"{key}: line {lineno} lacks key(s) {missing} that line {first[0]} has; every row "
                             "needs every column (a missing value would silently become null)")
-
-
-def _check_field_count(path: str, split: str, column_names: list[str]) -> None:
-    """A headerless file's first row has as many fields as task.column_names names (pandas would otherwise
-    turn the surplus leading fields into an index, silently)."""
-    with open(path, encoding="utf-8-sig") as f:
-        first = f.readline().rstrip("\r\n")
-    tsv = Path(path).suffix.lower() == ".tsv"
-    fields = first.split("\t") if tsv else next(csv.reader([first]), [])
-    if first and len(fields) != len(column_names):
-        raise DataError(f"{split_key(split)}={path}: its first row has {len(fields)} fields ({first[:80]!r}) but "
-                        f"task.column_names names {len(column_names)}: {column_names}. Name every column, in order.")
 
 
 def _load_files(task: DictConfig, read_file: Callable[[str, str], Dataset]) -> DatasetDict:
