@@ -335,16 +335,18 @@ def _fit(loop: Loop, preempt: dict) -> TrainState:
 
 
 def _out_of_time(acc: Accelerator, deadline: float | None, step: int, log_every: int) -> bool:
-    """trainer.max_minutes has passed. One process reads its clock (no device sync); several ranks decide
-    alike at logging points, as for preemption (one collective per interval; the slowest rank's clock counts)."""
-    if deadline is None:
-        return False
-    late = time.monotonic() > deadline
+    """trainer.max_minutes has passed (the slowest rank's clock counts)."""
+    return deadline is not None and _any_rank(acc, time.monotonic() > deadline, step, log_every)
+
+
+def _any_rank(acc: Accelerator, flag: bool, step: int, log_every: int) -> bool:
+    """`flag` on any rank, decided alike by all: one process reads its own flag (no device sync); several
+    ranks agree at logging points only (one collective per logging interval)."""
     if acc.num_processes == 1:
-        return late
+        return flag
     if step % log_every:
         return False
-    return bool(acc.reduce(torch.tensor(float(late), device=acc.device), reduction="max").item())
+    return bool(acc.reduce(torch.tensor(flag, device=acc.device), "max"))
 
 
 def _close_window(st: TrainState, acc: Accelerator, window_loss: torch.Tensor, batches: int) -> None:
@@ -413,13 +415,8 @@ def preemption_signals():
 
 
 def _preempted(loop: Loop, flag: dict, meters: Meters, guard: Guard) -> bool:
-    acc, st = loop.accelerator, loop.state
-    if acc.num_processes == 1:
-        requested = flag["signal"] is not None
-    elif st.step % loop.cfg.trainer.log_every == 0:  # ranks agree (one collective per logging interval)
-        requested = bool(acc.reduce(torch.tensor(flag["signal"] is not None, device=acc.device), "max"))
-    else:
-        return False
+    st = loop.state
+    requested = _any_rank(loop.accelerator, flag["signal"] is not None, st.step, loop.cfg.trainer.log_every)
     saved = loop.last_checkpoint is not None and loop.last_checkpoint.name == f"step_{st.step}"
     if requested and not saved:  # a checkpoint step already saved this step
         _checkpoint(loop, meters, guard)
