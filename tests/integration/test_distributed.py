@@ -6,11 +6,13 @@ the generated launcher and DeepSpeed configs checked against the precision group
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -194,6 +196,34 @@ def _shares(backend: str, ckpt, n_params: int) -> dict[str, list[int]]:
     return {"adam moments": [_numel(opt["state"])] * 2, "weights": [n_params] * 2}
 
 
+def _check_export_and_shares(backend: str, run_dir, one_process) -> None:
+    from safetensors.torch import load_file
+
+    # The export: one Hugging Face folder, equal to the checkpoint's weights gathered by the backend's own
+    # tool, and to one process's weights up to the same summation-order noise.
+    exported = load_file(run_dir / "model" / "model.safetensors")
+    ckpt = run_dir / "checkpoints" / f"step_{STEPS}"
+    full = _consolidated(backend, ckpt)
+    assert set(full) == set(exported)
+    for name, tensor in full.items():
+        assert exported[name].equal(tensor.to(exported[name].dtype)), name
+    reference = load_file(one_process / "model" / "model.safetensors")
+    assert max((exported[k] - reference[k]).abs().max().item() for k in reference) < 1e-4
+
+    # Each rank's share: under ZeRO and FSDP half of the optimizer state (and, for ZeRO-3 and FSDP, half of
+    # the weights); under DDP and ZeRO-1/2 full weights on every rank.
+    n = sum(t.numel() for t in exported.values())
+    shares = _shares(backend, ckpt, n)
+    print(backend, "parameters", n, "per-rank elements", shares)  # the numbers in docs/distributed.md
+    want = {"adam moments": n, "master weights": n / 2, "weights": n / 2,  # sharded in two
+            "16-bit weights": 0 if "z3" in backend else n}  # ZeRO's model file: the full module unless stage 3
+    if backend == "ddp":  # a full replica on every rank
+        want = {"adam moments": 2 * n, "weights": n}
+    slack = 0.05 if backend == "fsdp" else 0.02  # FSDP: file bytes / 4, with DCP's per-tensor headers;
+    for what, per_rank in shares.items():  # ZeRO: element counts, with Adam's step counters and alignment padding
+        assert all(abs(x - want[what]) <= slack * n for x in per_rank), (what, per_rank, want[what])
+
+
 @pytest.fixture(scope="module")
 def one_process(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("one") / "run"
@@ -207,8 +237,6 @@ def one_process(tmp_path_factory):
 def test_two_cpu_ranks_equal_one_process_through_sigkill_and_resume(tmp_path, one_process, backend):
     """One launch killed by SIGKILL after its step-8 checkpoint, one resumed launch: every logged loss and
     learning rate equals one process's with the same global batch; evaluation, shards, export checked too."""
-    from safetensors.torch import load_file
-
     run_dir = tmp_path / "run"
     args = [*EXACT, f"distributed={backend}", "nproc=2", "trainer.batch_size=4"]
     killed = _popen(run_dir, *args)
@@ -238,29 +266,30 @@ def test_two_cpu_ranks_equal_one_process_through_sigkill_and_resume(tmp_path, on
         assert s2["eval"][metric] == s1["eval"][metric], metric
     assert len(_events(run_dir, "eval")) == 1  # only rank 0 writes
 
-    # The export: one Hugging Face folder, equal to the checkpoint's weights gathered by the backend's own
-    # tool, and to one process's weights up to the same summation-order noise.
-    exported = load_file(run_dir / "model" / "model.safetensors")
-    ckpt = run_dir / "checkpoints" / f"step_{STEPS}"
-    full = _consolidated(backend, ckpt)
-    assert set(full) == set(exported)
-    for name, tensor in full.items():
-        assert exported[name].equal(tensor.to(exported[name].dtype)), name
-    reference = load_file(one_process / "model" / "model.safetensors")
-    assert max((exported[k] - reference[k]).abs().max().item() for k in reference) < 1e-4
+    _check_export_and_shares(backend, run_dir, one_process)
 
-    # Each rank's share: under ZeRO and FSDP half of the optimizer state (and, for ZeRO-3 and FSDP, half of
-    # the weights); under DDP and ZeRO-1/2 full weights on every rank.
-    n = sum(t.numel() for t in exported.values())
-    shares = _shares(backend, ckpt, n)
-    print(backend, "parameters", n, "per-rank elements", shares)  # the numbers in docs/distributed.md
-    want = {"adam moments": n, "master weights": n / 2, "weights": n / 2,  # sharded in two
-            "16-bit weights": 0 if "z3" in backend else n}  # ZeRO's model file: the full module unless stage 3
-    if backend == "ddp":  # a full replica on every rank
-        want = {"adam moments": 2 * n, "weights": n}
-    slack = 0.05 if backend == "fsdp" else 0.02  # FSDP: file bytes / 4, with DCP's per-tensor headers;
-    for what, per_rank in shares.items():  # ZeRO: element counts, with Adam's step counters and alignment padding
-        assert all(abs(x - want[what]) <= slack * n for x in per_rank), (what, per_rank, want[what])
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("backend", ["deepspeed-z2-offload", "deepspeed-z3-offload"])
+def test_offloaded_zero_equals_one_process(tmp_path, one_process, backend):
+    """ZeRO-2/3 with the optimizer (and under ZeRO-3 the weights) in CPU memory: Accelerate swaps the AdamW for
+    DeepSpeedCPUAdam (a C++ op JIT-built once per module into its own folder), and two ranks still train as
+    one process with the same global batch. Resume is the same code path as without offload (tested above)."""
+    run_dir = tmp_path / "run"
+    proc = _popen(run_dir, *EXACT, f"distributed={backend}", "nproc=2", "trainer.batch_size=4")
+    assert proc.wait() == 0, _log(run_dir)
+    assert (Path(os.environ["TORCH_EXTENSIONS_DIR"]) / "cpu_adam" / "cpu_adam.so").is_file()  # the CPU Adam ran
+    ref = {e["step"]: e for e in _events(one_process, "train")}
+    got = _events(run_dir, "train")
+    assert [e["step"] for e in got] == list(range(1, STEPS + 1))
+    for e in got:
+        assert e["loss"] == pytest.approx(ref[e["step"]]["loss"], abs=LOSS_TOL), e["step"]
+        assert e["lr"] == pytest.approx(ref[e["step"]]["lr"], rel=1e-9), e["step"]
+    s1 = json.loads((one_process / "summary.json").read_text())
+    s2 = json.loads((run_dir / "summary.json").read_text())
+    assert (s2["num_processes"], s2["distributed_type"]) == (2, "DEEPSPEED")
+    assert s2["eval"]["accuracy"] == s1["eval"]["accuracy"]
+    _check_export_and_shares(backend.removesuffix("-offload"), run_dir, one_process)
 
 
 @pytest.mark.distributed
@@ -280,6 +309,34 @@ def test_deepspeed_bf16_runs_autocast_like_every_other_backend(tmp_path):
     # fp32 weights: the export is fp32, as after a one-process bf16 run
     config = json.loads((tmp_path / "z2" / "model" / "config.json").read_text())
     assert config.get("dtype", config.get("torch_dtype")) == "float32"
+
+
+@pytest.mark.distributed
+def test_fsdp_fp16_an_overflow_on_one_rank_is_skipped_by_every_rank(tmp_path):
+    """FSDP2 with fp16 on 2 CPU ranks: each rank checks only its own gradient shard for inf, so an overflow in
+    one shard must make every rank skip the step (torch's DTensor all-reduces the scaler's found-inf flag) or
+    the shards drift apart. Rank 1 alone gets an inf at the 3rd step; rank 0, the one that logs, skips it too."""
+    from ampft import launch
+    from ampft.config import validate
+
+    run_dir = tmp_path / "run"
+    overrides = [*TINY, *NO_DROPOUT, "precision=fp16", "distributed=fsdp", "distributed.num_processes=2",
+                 "trainer.batch_size=4", "trainer.log_every=1", "trainer.max_steps=6", f"hydra.run.dir={run_dir}"]
+    cfg = launch.compose(overrides)
+    validate(cfg)
+    (cmd,), env = launch.commands(cfg, overrides)
+    cmd[cmd.index(launch.RECIPE):cmd.index(launch.RECIPE) + 1] = ["tests/integration/overflow_on_one_rank.py",
+                                                                   "1:3"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, **env})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    s = json.loads((run_dir / "summary.json").read_text())
+    assert (s["precision"], s["distributed_type"], s["num_processes"]) == ("fp16", "FSDP", 2)
+    assert s["skipped_steps"] == 1 and s["steps"] == 6  # a skipped step is not an optimizer step
+    train = _events(run_dir, "train")
+    assert [e["step"] for e in train] == list(range(1, 7))
+    scales = [e["loss_scale"] for e in train]
+    assert scales[:2] == [2.0**16] * 2 and scales[2:] == [2.0**15] * 4, scales  # backed off once, on rank 0
+    assert all(map(math.isfinite, (e["loss"] for e in train)))
 
 
 @pytest.mark.distributed
