@@ -12,7 +12,9 @@ import torch
 from omegaconf import OmegaConf
 
 from ampft.benchmark import BenchmarkConfigError
-from ampft.benchmark.peer import check, rerender, run_peer, summarize, useful_flops, write_report
+from ampft.benchmark.peer import check, rerender, run_peer
+from ampft.benchmark.peer.report import write_report
+from ampft.benchmark.peer.results import summarize
 from tests.conftest import CONF, compose_config, shared
 
 PEER_CONFIGS = sorted(p.stem for p in (CONF / "peer").glob("*.yaml"))
@@ -61,20 +63,6 @@ def test_bad_peer_config_names_every_problem():
                    "min_ratio=0.0: must be > 0", "trainer.nonsense", "sequence classification only",
                    "peer.arms[2] (c): model bert-large: model.name_or_path=google-bert/bert-large-uncased is a Hub name"):
         assert needle in msg, needle
-
-
-def test_useful_flops_is_the_hand_count():
-    from transformers import BertConfig, BertForSequenceClassification
-
-    model = BertForSequenceClassification(BertConfig(vocab_size=50, hidden_size=8, num_hidden_layers=2,
-                                                     num_attention_heads=2, intermediate_size=16,
-                                                     max_position_embeddings=32, type_vocab_size=2))
-    h, i, layers = 8, 16, 2
-    per_layer = 4 * (h * h + h) + (h * i + i) + (i * h + h) + 2 * 2 * h  # q,k,v,o + ffn + 2 LayerNorms
-    n = layers * per_layer + 2 * h + (h * h + h) + (h * 2 + 2)  # + embedding LayerNorm, pooler, classifier
-    lengths = [3, 5]
-    expected = sum(6 * n * s + 12 * layers * h * s * s for s in lengths) * 2.0
-    assert useful_flops(model, lengths, epochs=2.0) == expected
 
 
 def _run(arm: str, sps: float, metric: float, load: float = 0.0) -> dict:
