@@ -162,6 +162,32 @@ def _budget_section(bud: dict, base: str) -> list[str]:
     return out
 
 
+def device_text(env: dict) -> str:
+    """The device measured on, in a few words: the GPU's name, memory and compute capability, or the CPU's."""
+    if env["device_type"] == "cuda":
+        return (f"{env['device_name']} ({env['device_memory_bytes'] / 2**30:.0f} GiB, compute capability "
+                f"{env['compute_capability']})")
+    return f"{env['device_name']}, {env['cpu_count']} cores, CPU only (no GPU)"
+
+
+def hardware(env: dict) -> list[str]:
+    """The "Hardware and software" section (`environment.describe`): the GPU if any, and always the CPU's
+    model and the flags that decide half-precision speed on it (AVX512-BF16/FP16, AMX)."""
+    load = env.get("load_average")
+    rows = [["date", env["date"]], ["device", device_text(env)]]
+    if env["device_type"] == "cuda":
+        rows += [["driver", env["driver"] or "unknown"], ["CUDA / cuDNN", f"{env['cuda']} / {env['cudnn']}"],
+                 ["host CPU", f"{env['cpu']} ({env['cpu_count']} cores)"],
+                 ["CPU features", ", ".join(env["cpu_features"]) or "—"], ["torch threads", str(env["torch_threads"])]]
+    else:
+        rows += [["CPU features", ", ".join(env["cpu_features"]) or "—"], ["torch threads", str(env["torch_threads"])],
+                 ["driver", "n/a (no GPU)"]]
+    rows += [["load average at start", "—" if load is None else f"{load} (1 min)"]]
+    rows += [["torch", env["torch"]], ["transformers", env["transformers"]], ["accelerate", env["accelerate"]],
+             ["python", env["python"]], ["OS", env["os"]]]
+    return ["## Hardware and software", "", *table(["", ""], rows), ""]
+
+
 def render(results: dict, plots: list[str] | None = None) -> str:
     b, env = results["benchmark"], results["environment"]
     speed = (results.get("speed") or {}).get("arms", [])
@@ -171,11 +197,7 @@ def render(results: dict, plots: list[str] | None = None) -> str:
     base = b["baseline"]
     cuda = env["device_type"] == "cuda"
     out: list[str] = [f"# Benchmark `{b['name']}`: precision A/B", ""]
-    device = (f"{env['device_name']} ({env['device_memory_bytes'] / 2**30:.0f} GiB, compute capability "
-              f"{env['compute_capability']})" if cuda else
-              f"{env['device_name']}, {env['cpu_count']} cores, CPU only (no GPU)")
-    out += [f"Measured {env['date']} on {device}. Command: `{results.get('command', '')}`.", ""]
-    load = env.get("load_average")
+    out += [f"Measured {env['date']} on {device_text(env)}. Command: `{results.get('command', '')}`.", ""]
     busy = [(f"`{a['arm']}`" + (f" seed {a['seed']}" if "seed" in a else ""), a["other_cpu_share"])
             for a in [*(results.get("speed") or {}).get("raw", []), *(results.get("accuracy") or {}).get("runs", [])]
             if (a.get("other_cpu_share") or 0) > BUSY]
@@ -187,18 +209,7 @@ def render(results: dict, plots: list[str] | None = None) -> str:
     if bud.get("minutes") is not None or bud.get("cuts"):
         out += [_budget_line(bud), ""]
 
-    out += ["## Hardware and software", ""]
-    rows = [["date", env["date"]], ["device", device]]
-    if cuda:
-        rows += [["driver", env["driver"] or "unknown"], ["CUDA / cuDNN", f"{env['cuda']} / {env['cudnn']}"],
-                 ["host CPU", f"{env['cpu']} ({env['cpu_count']} cores)"]]
-    else:
-        rows += [["CPU features", ", ".join(env["cpu_features"]) or "—"], ["torch threads", str(env["torch_threads"])],
-                 ["driver", "n/a (no GPU)"]]
-    rows += [["load average at start", "—" if load is None else f"{load} (1 min)"]]
-    rows += [["torch", env["torch"]], ["transformers", env["transformers"]], ["accelerate", env["accelerate"]],
-             ["python", env["python"]], ["OS", env["os"]]]
-    out += table(["", ""], rows) + [""]
+    out += hardware(env)
 
     out += ["## Setup", ""]
     s, sw = b["speed"], b["sweep"]

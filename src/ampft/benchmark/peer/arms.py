@@ -83,6 +83,9 @@ def run_trainer(cfg: DictConfig, out_dir: Path) -> dict:
                       data_collator=collator, processing_class=tokenizer,
                       compute_metrics=lambda p: {"accuracy": float((np.argmax(p.predictions, -1) == p.label_ids)
                                                                    .mean())})
+    ran = trainer.accelerator.mixed_precision  # what the Trainer will autocast to: "no", "bf16" or "fp16"
+    if ran != (cfg.precision.name.value if mixed else "no"):
+        raise RuntimeError(f"precision={cfg.precision.name.value}, but the Trainer set up mixed_precision={ran}")
     setup_seconds = time.perf_counter() - started
     train = trainer.train().metrics
     ev = trainer.evaluate()
