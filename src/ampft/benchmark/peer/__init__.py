@@ -7,7 +7,8 @@ after the other, and writes results.json and report.md. The same split as the pr
 - `arms`: one arm in its own process, a `trainer` arm (a run_glue-style `transformers.Trainer` script)
   or an `ampft` arm (`ampft.finetune.run` with the arm's finetune overrides, e.g. one fast path off);
 - `runner`: `run_peer`, the orchestrator, and the parent's side of the subprocess protocol;
-- `results`: per-arm statistics over seeds, speed ratios, targets and accuracy checks;
+- `results`: per-arm statistics over seeds, speed ratios, targets and accuracy checks, and each side's
+  gain from bf16 over its fp32 twin (`precision_pairs`);
 - `report`: report.md (tables as in `ampft.benchmark.report`).
 
 Per arm: training samples/s and non-padding tokens/s (over the training loop alone), the process's wall

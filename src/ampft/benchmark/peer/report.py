@@ -1,6 +1,7 @@
-"""results.json → report.md: the arms side by side, per-seed numbers, FLOP/s, targets and accuracy checks,
-and what each fast path contributes. Tables and the busy-machine threshold are the precision benchmark's
-(`ampft.benchmark.report`)."""
+"""results.json → report.md: the arms side by side, per-seed numbers, FLOP/s, each side's gain from bf16 (or
+another precision) over fp32 and ampft/Trainer per precision, targets and accuracy checks, what each fast
+path contributes, and the machine (GPU, CPU model and flags). Tables, the busy-machine threshold and the
+hardware section are the precision benchmark's (`ampft.benchmark.report`)."""
 
 from __future__ import annotations
 
