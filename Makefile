@@ -57,7 +57,7 @@ lint:  ## ruff
 benchmark:  ## precision A/B benchmark (default benchmark=cpu-smoke, minutes on a CPU): report.md, results.json/csv, PNGs
 	$(PYTHON) recipes/benchmark.py $(OVERRIDES)
 
-benchmark-peer:  ## ampft vs the plain HF Trainer (run_glue-style) on SST-2, same model/data/hparams; fast paths ablated
+benchmark-peer:  ## ampft vs the plain HF Trainer (run_glue-style) on SST-2, same model/data/hparams, fp32 and bf16; fast paths ablated
 	$(PYTHON) recipes/peer.py $(OVERRIDES)
 
 benchmark-gpu:  ## the GPU table: BERT-large seq 384 batch 32, fp32/tf32/fp16/bf16, eager vs SDPA (one GPU, < 8 min)

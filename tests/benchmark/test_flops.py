@@ -39,6 +39,16 @@ def test_hand_count_of_tiny_bert(tiny_model):
     assert got["params"] == 71_362 + (30522 + 512 + 2) * H  # + word, position, token-type tables
 
 
+def test_training_flops_over_lengths_is_the_hand_count(tiny_model):
+    """The peer benchmark's useful work: each example at its own length, 6N·s + 12·L·h·s² (no padding)."""
+    n, lengths = hand_count_nonembedding(), [3, 5, 13]
+    assert flops.training_flops(tiny_model, lengths) == sum(6 * n * s + 12 * L * H * s * s for s in lengths)
+    # Examples that all have the same length cost what the per-token formula says for that length.
+    assert flops.training_flops(tiny_model, [32] * 4) == 4 * 32 * flops.model_flops_per_token(tiny_model, 32)[
+        "flops_per_token"]
+    assert flops.training_flops(tiny_model, []) == 0
+
+
 def test_formula_matches_torch_flop_counter(tiny_model):
     """torch counts the matmuls of a real forward + backward: per token 3 · 2 · (4h² + 2hI) per layer for
     the weights plus 3 · 4·s·h per layer for QKᵀ and AV; the pooler and classifier once per sequence.

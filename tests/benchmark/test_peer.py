@@ -12,12 +12,14 @@ import torch
 from omegaconf import OmegaConf
 
 from ampft.benchmark import BenchmarkConfigError
-from ampft.benchmark.peer import check, rerender, run_peer, summarize, useful_flops, write_report
+from ampft.benchmark.peer import check, rerender, run_peer
+from ampft.benchmark.peer.report import write_report
+from ampft.benchmark.peer.results import precision_pairs, summarize
 from tests.conftest import CONF, compose_config, shared
 
 PEER_CONFIGS = sorted(p.stem for p in (CONF / "peer").glob("*.yaml"))
-# What an arm may change: the fast paths (these, optim.implementation, model.attn_implementation).
-# Everything else must be the same for every arm.
+# What an arm may change: the fast paths (these, optim.implementation, model.attn_implementation) and the
+# precision (an fp32 arm's twin). Everything else must be the same for every arm.
 FAST_PATH_KEYS = {"padding", "group_by_length", "pad_to_multiple_of", "compile", "compile_buckets", "num_workers"}
 
 
@@ -26,7 +28,7 @@ def compose_peer(overrides: list[str]):
 
 
 @pytest.mark.parametrize("name", PEER_CONFIGS)
-def test_peer_config_arms_differ_only_by_fast_paths(name):
+def test_peer_config_arms_differ_only_by_fast_paths_and_precision(name):
     shared("sst2")
     # Random weights for every arm: the check must not need the Hub (bert-large's weights are not here).
     p = compose_peer([f"peer={name}", 'peer.extra=["model.pretrained=false"]'])
@@ -37,7 +39,8 @@ def test_peer_config_arms_differ_only_by_fast_paths(name):
     first = OmegaConf.to_container(next(iter(cfgs.values())), resolve=True)
     for arm, cfg in cfgs.items():
         c = OmegaConf.to_container(cfg, resolve=True)
-        for group in ("task", "scheduler", "precision", "checkpoint", "distributed"):
+        assert c["precision"]["name"] in ("fp32", "bf16"), arm
+        for group in ("task", "scheduler", "checkpoint", "distributed"):
             assert c[group] == first[group], (arm, group)
         assert {k: v for k, v in c["optim"].items() if k != "implementation"} == \
             {k: v for k, v in first["optim"].items() if k != "implementation"}, arm
@@ -47,6 +50,10 @@ def test_peer_config_arms_differ_only_by_fast_paths(name):
             {k: v for k, v in first["model"].items() if k != "attn_implementation"}, arm
     for t in p.targets:
         assert t.arm in cfgs and t.over in cfgs
+    # Both sides run in fp32 and bf16, each bf16 arm the twin of an fp32 arm of its runner.
+    pairs = precision_pairs(p, cfgs)
+    assert {(next(a.runner for a in p.arms if a.name == f), cfgs[f].precision.name.value, cfgs[b].precision.name.value)
+            for f, b in pairs} == {("trainer", "fp32", "bf16"), ("ampft", "fp32", "bf16")}
 
 
 def test_bad_peer_config_names_every_problem():
@@ -63,25 +70,18 @@ def test_bad_peer_config_names_every_problem():
         assert needle in msg, needle
 
 
-def test_useful_flops_is_the_hand_count():
-    from transformers import BertConfig, BertForSequenceClassification
-
-    model = BertForSequenceClassification(BertConfig(vocab_size=50, hidden_size=8, num_hidden_layers=2,
-                                                     num_attention_heads=2, intermediate_size=16,
-                                                     max_position_embeddings=32, type_vocab_size=2))
-    h, i, layers = 8, 16, 2
-    per_layer = 4 * (h * h + h) + (h * i + i) + (i * h + h) + 2 * 2 * h  # q,k,v,o + ffn + 2 LayerNorms
-    n = layers * per_layer + 2 * h + (h * h + h) + (h * 2 + 2)  # + embedding LayerNorm, pooler, classifier
-    lengths = [3, 5]
-    expected = sum(6 * n * s + 12 * layers * h * s * s for s in lengths) * 2.0
-    assert useful_flops(model, lengths, epochs=2.0) == expected
-
-
-def _run(arm: str, sps: float, metric: float, load: float = 0.0) -> dict:
+def _run(arm: str, sps: float, metric: float, load: float = 0.0, precision: str = "fp32") -> dict:
     return dict(arm=arm, samples_per_second=sps, tokens_per_second=sps * 10, train_seconds=100 / sps,
                 wall_seconds=100 / sps + 5, setup_seconds=2.0, eval={"accuracy": metric}, steps=10, epochs=1.0,
-                peak_memory_bytes=2**30, peak_memory_kind="cpu_peak_rss", model_tflops=0.05, precision="fp32",
+                peak_memory_bytes=2**30, peak_memory_kind="cpu_peak_rss", model_tflops=0.05, precision=precision,
                 attn_implementation="sdpa", train_examples=320, other_load=load)
+
+
+def _env(**changes) -> dict:
+    return dict(date="today", device_type="cpu", device_name="AMD EPYC 9B14", device_memory_bytes=None,
+                compute_capability=None, driver=None, cuda=None, cudnn=None, cpu="AMD EPYC 9B14", cpu_count=2,
+                cpu_features=["avx2", "avx512f"], torch_threads=2, load_average=0.5, python="3", os="Linux",
+                torch="t", transformers="tf", accelerate="a") | changes
 
 
 def test_report_states_missed_targets_and_accuracy_gaps(tmp_path):
@@ -94,8 +94,7 @@ def test_report_states_missed_targets_and_accuracy_gaps(tmp_path):
                       "peer.accuracy_reference=[trainer]"])
     cfgs = check(p)
     runs = [_run("trainer", 10.0, 0.850), _run("ampft", 40.0, 0.853), _run("ampft-random", 20.0, 0.830, load=0.4)]
-    env = dict(date="today", device_type="cpu", device_name="a CPU", cpu_count=2, torch_threads=2, torch="t",
-               transformers="tf", accelerate="a", python="3")
+    env = _env()
     results = summarize(p, cfgs, runs, env, "python recipes/peer.py")
     assert results["arms"]["ampft"]["speedup"] == {"trainer": 4.0}
     assert results["arms"]["ampft"]["metric"] == pytest.approx(85.3)  # accuracy in points
@@ -111,7 +110,7 @@ def test_report_states_missed_targets_and_accuracy_gaps(tmp_path):
 
 
 @pytest.mark.slow
-def test_trainer_and_ampft_arms_run_for_real(tmp_path):
+def test_trainer_and_ampft_arms_run_for_real_in_fp32_and_bf16(tmp_path):
     train, dev = shared("sst2", "train_first1000.tsv"), shared("sst2", "dev.tsv")
     common = ["model=tiny-bert", "task=sst2", f"task.train_file={train}", f"task.validation_file={dev}",
               "task.max_train_samples=96", "task.max_eval_samples=51", "task.max_length=64", "trainer.batch_size=16",
@@ -119,11 +118,37 @@ def test_trainer_and_ampft_arms_run_for_real(tmp_path):
               "checkpoint.export=false"]
     p = compose_peer(["peer.overrides=[" + ",".join(f'"{o}"' for o in common) + "]",
                       'peer.arms=[{name: trainer, runner: trainer, overrides: ["trainer.padding=max_length",'
-                      '"trainer.group_by_length=false"]}, {name: ampft, runner: ampft}]',
+                      '"trainer.group_by_length=false"]}, {name: ampft, runner: ampft},'
+                      '{name: trainer-bf16, runner: trainer, overrides: ["trainer.padding=max_length",'
+                      '"trainer.group_by_length=false", "precision=bf16"]},'
+                      '{name: ampft-bf16, runner: ampft, overrides: ["precision=bf16"]}]',
                       "peer.targets=[{arm: ampft, over: trainer, min_ratio: 1}]", "peer.accuracy_reference=[trainer]"])
     path = run_peer(p, tmp_path, command="test")
     results = json.loads((tmp_path / "results.json").read_text())
-    assert path == tmp_path / "report.md" and "| trainer | trainer |" in path.read_text()
+    md = path.read_text()
+    assert path == tmp_path / "report.md" and "| trainer | trainer |" in md
+    arms = results["arms"]
+    # Both sides really ran in both precisions (the Trainer's own autocast setting is checked in its process).
+    assert {n: a["precision"] for n, a in arms.items()} == {"trainer": "fp32", "ampft": "fp32", "trainer-bf16": "bf16",
+                                                          "ampft-bf16": "bf16"}
+    sps = {n: a["samples_per_second"] for n, a in arms.items()}
+    metric = {n: a["metric"] for n, a in arms.items()}
+    gains = {(g["fp32"], g["arm"]): g for g in results["precision_gains"]}
+    assert set(gains) == {("trainer", "trainer-bf16"), ("ampft", "ampft-bf16")}
+    for (fp32, bf16), g in gains.items():
+        assert g["ratio"] == sps[bf16] / sps[fp32] and g["metric_difference"] == pytest.approx(metric[bf16] - metric[fp32])
+        assert (f"| {g['runner']} | {fp32} | {bf16} | {sps[fp32]:.1f} | {sps[bf16]:.1f} | {sps[bf16] / sps[fp32]:.2f}x |"
+                in md)
+    [v] = results["by_precision"]
+    for r, (t, a) in zip(v["rows"], [("trainer", "ampft"), ("trainer-bf16", "ampft-bf16")], strict=True):
+        assert (r["trainer"], r["ampft"], r["ratio"]) == (t, a, sps[a] / sps[t])
+        assert (f"| {arms[a]['precision']} | {t} | {a} | {sps[t]:.1f} | {sps[a]:.1f} | {sps[a] / sps[t]:.2f}x | "
+                f"{metric[t]:.2f} | {metric[a]:.2f} | {metric[a] - metric[t]:+.2f} |") in md
+    assert v["gain_ratio"] == pytest.approx((sps["ampft-bf16"] / sps["ampft"]) / (sps["trainer-bf16"] / sps["trainer"]))
+    assert arms["ampft-bf16"]["speedup"] == {"trainer-bf16": sps["ampft-bf16"] / sps["trainer-bf16"]}
+    # The machine it ran on: this CPU's model and flags.
+    env = results["environment"]
+    assert f"| CPU features | {', '.join(env['cpu_features']) or '—'} |" in md and env["cpu"] in md
     for name, a in results["arms"].items():
         assert a["steps"] == 6 and a["train_examples"] == 96, name  # 96 examples / batch 16, both runners
         for key in ("samples_per_second", "tokens_per_second", "train_seconds", "wall_seconds", "model_tflops",
@@ -134,8 +159,10 @@ def test_trainer_and_ampft_arms_run_for_real(tmp_path):
     # Both count the same non-padding tokens: tokens/s over samples/s is the mean length for both.
     per_sample = {n: a["tokens_per_second"] / a["samples_per_second"] for n, a in results["arms"].items()}
     assert per_sample["trainer"] == pytest.approx(per_sample["ampft"], rel=0.02)
+    assert per_sample["trainer-bf16"] == pytest.approx(per_sample["ampft-bf16"], rel=0.02)
     assert results["arms"]["trainer"]["padding"] == "max_length"
     assert (tmp_path / "ampft-seed42" / "run" / "summary.json").is_file()
+    assert (tmp_path / "ampft-bf16-seed42" / "run" / "summary.json").is_file()
     # The report can be written again from results.json alone (after a change to the report code).
     report = path.read_text()
     path.unlink()
@@ -150,8 +177,7 @@ def test_report_over_seeds_gives_means_medians_and_each_seed(tmp_path):
     cfgs = check(p)
     runs = [dict(_run("trainer", 10.0, 0.80), seed=1), dict(_run("ampft", 30.0, 0.82), seed=1),
             dict(_run("trainer", 12.0, 0.84), seed=2), dict(_run("ampft", 34.0, 0.83), seed=2)]
-    env = dict(date="today", device_type="cpu", device_name="a CPU", cpu_count=2, torch_threads=2, torch="t",
-               transformers="tf", accelerate="a", python="3")
+    env = _env()
     results = summarize(p, cfgs, runs, env, None)
     a = results["arms"]["ampft"]
     assert a["samples_per_second"] == 32.0 and a["metric"] == pytest.approx(82.5)
@@ -160,3 +186,65 @@ def test_report_over_seeds_gives_means_medians_and_each_seed(tmp_path):
     md = write_report(results, tmp_path).read_text()
     assert "| ampft | ampft | (defaults) | 32.0 |" in md and "82.50 ± 0.71" in md
     assert "| ampft | 30.0 | 82.00 | 34.0 | 83.00 |" in md
+
+
+def test_bf16_arms_give_each_sides_gain_and_ampft_over_trainer_per_precision(tmp_path):
+    """Precision twins are found from the composed configs; every ratio in results.json and report.md is the
+    arms' measured samples/s divided, the accuracy differences are paired by seed, and the report names the
+    CPU and its flags (here without AVX512-BF16: bf16 is emulated)."""
+    p = compose_peer(['peer.overrides=["model=tiny-bert"]', "peer.seeds=[1,2]", "peer.targets=[]",
+                      "peer.accuracy_reference=[trainer, trainer-bf16]",
+                      'peer.arms=[{name: trainer, runner: trainer}, {name: ampft, runner: ampft},'
+                      '{name: trainer-bf16, runner: trainer, overrides: ["precision=bf16"]},'
+                      '{name: ampft-bf16, runner: ampft, overrides: ["precision=bf16"]},'
+                      '{name: ampft-eager, runner: ampft, overrides: ["model.attn_implementation=eager"]},'
+                      '{name: ampft-eager-bf16, runner: ampft, overrides: ["precision=bf16", "trainer.padding=max_length"]}]'])
+    cfgs = check(p)
+    # ampft-eager-bf16 differs from every fp32 arm by more than the precision: no twin.
+    assert precision_pairs(p, cfgs) == [("trainer", "trainer-bf16"), ("ampft", "ampft-bf16")]
+    speed = {"trainer": (40.0, 36.0), "ampft": (96.0, 104.0), "trainer-bf16": (60.0, 66.0),
+             "ampft-bf16": (120.0, 130.0), "ampft-eager": (90.0, 90.0), "ampft-eager-bf16": (50.0, 50.0)}
+    acc = {"trainer": (0.77, 0.76), "ampft": (0.75, 0.76), "trainer-bf16": (0.76, 0.76), "ampft-bf16": (0.75, 0.74),
+           "ampft-eager": (0.75, 0.76), "ampft-eager-bf16": (0.70, 0.71)}
+    runs = [dict(_run(arm, speed[arm][i], acc[arm][i], precision="bf16" if "bf16" in arm else "fp32"), seed=seed)
+            for i, seed in enumerate((1, 2)) for arm in speed]
+    results = summarize(p, cfgs, runs, _env(), "python recipes/peer.py")
+    arms = results["arms"]
+    sps = {n: a["samples_per_second"] for n, a in arms.items()}
+    assert sps == {n: (v[0] + v[1]) / 2 for n, v in speed.items()}  # medians of two seeds
+    # ampft / Trainer only within a precision
+    assert arms["ampft"]["speedup"] == {"trainer": sps["ampft"] / sps["trainer"]}
+    assert arms["ampft-bf16"]["speedup"] == {"trainer-bf16": sps["ampft-bf16"] / sps["trainer-bf16"]}
+    gains = {g["arm"]: g for g in results["precision_gains"]}
+    assert gains["trainer-bf16"]["ratio"] == pytest.approx(63 / 38) and gains["ampft-bf16"]["ratio"] == pytest.approx(1.25)
+    assert gains["ampft-bf16"]["metric_difference_per_seed"] == pytest.approx([0.0, -2.0])  # paired by seed
+    assert gains["ampft-bf16"]["metric_difference"] == pytest.approx(-1.0)
+    [v] = results["by_precision"]
+    assert [(r["precision"], r["trainer"], r["ampft"]) for r in v["rows"]] == [
+        ("fp32", "trainer", "ampft"), ("bf16", "trainer-bf16", "ampft-bf16")]
+    assert v["rows"][0]["ratio"] == pytest.approx(100 / 38) and v["rows"][1]["ratio"] == pytest.approx(125 / 63)
+    assert v["rows"][1]["metric_difference"] == pytest.approx(-1.5)  # (75-76 + 74-76) / 2
+    assert v["gain_ratio"] == pytest.approx(1.25 / (63 / 38)) and v["gain_at_least_trainer"] is False
+    md = write_report(results, tmp_path).read_text()
+    assert "## bf16 against fp32" in md
+    assert "| ampft | ampft | ampft-bf16 | 100.0 | 125.0 | 1.25x | +0.00, -2.00 | -1.00 |" in md
+    assert "| trainer | trainer | trainer-bf16 | 38.0 | 63.0 | 1.66x | -1.00, +0.00 | -0.50 |" in md
+    assert "| bf16 | trainer-bf16 | ampft-bf16 | 63.0 | 125.0 | 1.98x | 76.00 | 74.50 | -1.50 |" in md
+    assert "| fp32 | trainer | ampft | 38.0 | 100.0 | 2.63x | 76.50 | 75.50 | -1.00 |" in md
+    assert "ampft's bf16/fp32 gain 1.25x against the Trainer's 1.66x" in md and "**less than the Trainer's**" in md
+    assert "This CPU has no native bf16 arithmetic (no AVX512-BF16 or AMX-BF16)" in md
+    # the main table: x trainer only for fp32 arms, x trainer-bf16 only for bf16 arms
+    assert "| ampft-bf16 | ampft | precision=bf16 | 125.0 | 1250 | 0.8 | 5.8 | 74.50 ± 0.71 | 1024 | — | 1.98 |" in md
+    assert "fp32 or bf16 (per arm: see differs by)" in md
+    # fast-path ablations stay within the base arm's precision
+    assert "- model.attn_implementation=eager: 0.90x" in md and "- precision=bf16" not in md
+    assert "| device | AMD EPYC 9B14, 2 cores, CPU only (no GPU) |" in md and "| CPU features | avx2, avx512f |" in md
+    # A CPU with AVX512-BF16, and a GPU: the report says which.
+    md = write_report(summarize(p, cfgs, runs, _env(cpu_features=["avx512_bf16", "amx_bf16"]), None), tmp_path).read_text()
+    assert "This CPU has avx512_bf16 and amx_bf16, native bf16 arithmetic." in md
+    gpu = _env(device_type="cuda", device_name="NVIDIA H200", device_memory_bytes=141 * 2**30, compute_capability="9.0",
+               driver="570", cuda="12.8", cudnn=91000)
+    md = write_report(summarize(p, cfgs, runs, gpu, None), tmp_path).read_text()
+    assert "| device | NVIDIA H200 (141 GiB, compute capability 9.0) |" in md
+    assert "| host CPU | AMD EPYC 9B14 (2 cores) |" in md and "| CPU features | avx2, avx512f |" in md
+    assert "native bf16 arithmetic" not in md

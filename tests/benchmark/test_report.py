@@ -142,6 +142,7 @@ def test_report_renders_the_tables_and_says_what_did_not_reproduce():
     res = build_results()
     md = report.render(res, ["throughput.png"])
     assert "NVIDIA A100-SXM4-80GB" in md and "driver | 550.54" in md and "torch | 2.13.0" in md
+    assert "| host CPU | Xeon (32 cores) |" in md and "| CPU features | — |" in md  # the host's, on a GPU too
     assert "| arm | precision | time (% of fp32) | memory (% of fp32) |" in md
     assert "| `fp16` | fp16 | 28% | 55% |" in md
     assert "0.9100 ± 0.0100 (n=3)" in md

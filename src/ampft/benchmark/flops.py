@@ -19,6 +19,7 @@ MFU = achieved FLOP/s / dense peak FLOP/s of the precision that ran, on that dev
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 import torch
 
@@ -64,6 +65,15 @@ def encoder_dims(config) -> tuple[int, int]:
 def training_flops_per_token(n_params_nonembedding: int, n_layers: int, seq_len: int, hidden: int) -> int:
     """6N + 12·L·s·h: forward + backward FLOPs per token (see the module docstring)."""
     return 6 * n_params_nonembedding + 12 * n_layers * seq_len * hidden
+
+
+def training_flops(model: torch.nn.Module, lengths: Iterable[int]) -> int:
+    """Training FLOPs of one pass over examples of these (non-padding) lengths: each example's tokens at the
+    per-token count for its own length, sum over s of s · (6N + 12·L·s·h). Padding costs nothing here, so
+    runs that pad differently are credited with the same useful work."""
+    layers, hidden = encoder_dims(model.config)
+    n = nonembedding_params(model)
+    return sum(s * training_flops_per_token(n, layers, s, hidden) for s in lengths)
 
 
 def model_flops_per_token(model: torch.nn.Module, seq_len: int) -> dict[str, int]:

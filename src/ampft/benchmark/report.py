@@ -98,8 +98,10 @@ def _mib(x) -> str:
     return "—" if x is None else f"{x / 2**20:,.0f} MiB"
 
 
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(r) + " |" for r in rows]
+def table(header: list[str], rows: list[list[str]], align: str = "") -> list[str]:
+    """A Markdown table; align: one letter per column, l (the default) or r (right-aligned numbers)."""
+    rule = "|" + "".join("---:|" if a == "r" else "---|" for a in align.ljust(len(header), "l"))
+    return ["| " + " | ".join(header) + " |", rule] + ["| " + " | ".join(r) + " |" for r in rows]
 
 
 def _acc_text(a: dict | None) -> str:
@@ -152,12 +154,38 @@ def _budget_section(bud: dict, base: str) -> list[str]:
                 + ", ".join(f"`{k}` {v:.2f}x" for k, v in ratios.items()) + ".", ""]
     cuts = bud.get("cuts") or []
     if cuts:
-        out += _table(["arm", "mode", "cut", "what remains", "why", "at"],
+        out += table(["arm", "mode", "cut", "what remains", "why", "at"],
                       [[f"`{c['arm']}`", c["mode"], c["action"], c["detail"], c["reason"], fmt_seconds(c["at_seconds"])]
                        for c in cuts]) + [""]
     elif bud.get("minutes") is not None:
         out += ["Nothing was cut: every arm ran in full.", ""]
     return out
+
+
+def device_text(env: dict) -> str:
+    """The device measured on, in a few words: the GPU's name, memory and compute capability, or the CPU's."""
+    if env["device_type"] == "cuda":
+        return (f"{env['device_name']} ({env['device_memory_bytes'] / 2**30:.0f} GiB, compute capability "
+                f"{env['compute_capability']})")
+    return f"{env['device_name']}, {env['cpu_count']} cores, CPU only (no GPU)"
+
+
+def hardware(env: dict) -> list[str]:
+    """The "Hardware and software" section (`environment.describe`): the GPU if any, and always the CPU's
+    model and the flags that decide half-precision speed on it (AVX512-BF16/FP16, AMX)."""
+    load = env.get("load_average")
+    rows = [["date", env["date"]], ["device", device_text(env)]]
+    if env["device_type"] == "cuda":
+        rows += [["driver", env["driver"] or "unknown"], ["CUDA / cuDNN", f"{env['cuda']} / {env['cudnn']}"],
+                 ["host CPU", f"{env['cpu']} ({env['cpu_count']} cores)"],
+                 ["CPU features", ", ".join(env["cpu_features"]) or "—"], ["torch threads", str(env["torch_threads"])]]
+    else:
+        rows += [["CPU features", ", ".join(env["cpu_features"]) or "—"], ["torch threads", str(env["torch_threads"])],
+                 ["driver", "n/a (no GPU)"]]
+    rows += [["load average at start", "—" if load is None else f"{load} (1 min)"]]
+    rows += [["torch", env["torch"]], ["transformers", env["transformers"]], ["accelerate", env["accelerate"]],
+             ["python", env["python"]], ["OS", env["os"]]]
+    return ["## Hardware and software", "", *table(["", ""], rows), ""]
 
 
 def render(results: dict, plots: list[str] | None = None) -> str:
@@ -169,11 +197,7 @@ def render(results: dict, plots: list[str] | None = None) -> str:
     base = b["baseline"]
     cuda = env["device_type"] == "cuda"
     out: list[str] = [f"# Benchmark `{b['name']}`: precision A/B", ""]
-    device = (f"{env['device_name']} ({env['device_memory_bytes'] / 2**30:.0f} GiB, compute capability "
-              f"{env['compute_capability']})" if cuda else
-              f"{env['device_name']}, {env['cpu_count']} cores, CPU only (no GPU)")
-    out += [f"Measured {env['date']} on {device}. Command: `{results.get('command', '')}`.", ""]
-    load = env.get("load_average")
+    out += [f"Measured {env['date']} on {device_text(env)}. Command: `{results.get('command', '')}`.", ""]
     busy = [(f"`{a['arm']}`" + (f" seed {a['seed']}" if "seed" in a else ""), a["other_cpu_share"])
             for a in [*(results.get("speed") or {}).get("raw", []), *(results.get("accuracy") or {}).get("runs", [])]
             if (a.get("other_cpu_share") or 0) > BUSY]
@@ -185,18 +209,7 @@ def render(results: dict, plots: list[str] | None = None) -> str:
     if bud.get("minutes") is not None or bud.get("cuts"):
         out += [_budget_line(bud), ""]
 
-    out += ["## Hardware and software", ""]
-    rows = [["date", env["date"]], ["device", device]]
-    if cuda:
-        rows += [["driver", env["driver"] or "unknown"], ["CUDA / cuDNN", f"{env['cuda']} / {env['cudnn']}"],
-                 ["host CPU", f"{env['cpu']} ({env['cpu_count']} cores)"]]
-    else:
-        rows += [["CPU features", ", ".join(env["cpu_features"]) or "—"], ["torch threads", str(env["torch_threads"])],
-                 ["driver", "n/a (no GPU)"]]
-    rows += [["load average at start", "—" if load is None else f"{load} (1 min)"]]
-    rows += [["torch", env["torch"]], ["transformers", env["transformers"]], ["accelerate", env["accelerate"]],
-             ["python", env["python"]], ["OS", env["os"]]]
-    out += _table(["", ""], rows) + [""]
+    out += hardware(env)
 
     out += ["## Setup", ""]
     s, sw = b["speed"], b["sweep"]
@@ -242,7 +255,7 @@ def render(results: dict, plots: list[str] | None = None) -> str:
                      _f(a["tokens_per_second"]["median"], ",.0f") if a else "—",
                      _acc_text(c), _diff_text(c)])
     metric = acc_arms[0]["main_metric"] if acc_arms else "accuracy"
-    out += _table(["arm", "precision", f"time (% of {base})", f"memory (% of {base})", "samples/s", "tokens/s",
+    out += table(["arm", "precision", f"time (% of {base})", f"memory (% of {base})", "samples/s", "tokens/s",
                    f"{metric} (mean ± std)", f"Δ {metric} vs {base} [95% CI]"], rows)
     out += ["", f"Time and memory are from speed mode (time per sample; memory: "
             f"{'peak allocated on the GPU' if cuda else 'peak resident set size of the process'}); where an arm "
@@ -263,7 +276,7 @@ def render(results: dict, plots: list[str] | None = None) -> str:
                              "peak unknown" if a["peak_tflops_source"].startswith("peak unknown") else "—"),
                          _mib(a["peak_memory_bytes"]), _mib(a["peak_reserved_bytes"]) if cuda else "—",
                          str(a["skipped_steps"]), _pct(a.get("other_cpu_share"))])
-        out += _table(["arm", "precision", "attention", "batch×seq", "step ms median [IQR]", "min–max ms",
+        out += table(["arm", "precision", "attention", "batch×seq", "step ms median [IQR]", "min–max ms",
                        "samples/s", "tokens/s", "TFLOP/s", "MFU", "peak allocated" if cuda else "peak RSS",
                        "peak reserved", "skipped steps", "other processes' CPU"], rows)
         first = speed[0]
@@ -300,7 +313,7 @@ def render(results: dict, plots: list[str] | None = None) -> str:
                 oom = any(not p["fits"] for p in pts)
                 largest = f"{max(fit)}" + ("" if oom else " (largest tried)") if fit else "none"
                 rows.append([f"`{name}`", *cells, largest])
-            out += _table(["arm", *[f"batch {n}" for n in sizes], "largest that fits"], rows)
+            out += table(["arm", *[f"batch {n}" for n in sizes], "largest that fits"], rows)
             out += ["", f"Percentages: of `{base}` at the same batch size.", ""]
 
     if acc_arms:
@@ -314,7 +327,7 @@ def render(results: dict, plots: list[str] | None = None) -> str:
                          ", ".join(str(x) for x in a["skipped_steps"]),
                          ", ".join("—" if x is None else f"{x:g}" for x in a["loss_scale_final"]),
                          _pct(a.get("other_cpu_share"))])
-        out += _table(["arm", "precision", "runs", f"{metric} mean ± std", "min–max",
+        out += table(["arm", "precision", "runs", f"{metric} mean ± std", "min–max",
                        f"Δ vs {base} [95% CI]", "train s (mean)", f"time % of {base}", "skipped steps per seed",
                        "final loss scale", "other processes' CPU (max)"], rows)
         out += ["", "Δ: mean of the per-seed differences to the baseline with a t-based 95% confidence interval "
@@ -323,7 +336,7 @@ def render(results: dict, plots: list[str] | None = None) -> str:
     out += ["## Claims", ""]
     claims = results.get("claims", [])
     rows = [[c["claim"], f"**{c['verdict']}**", c["measured"] or "—", c["note"] or ""] for c in claims]
-    out += _table(["claim", "verdict", "measured", "note"], rows) + [""]
+    out += table(["claim", "verdict", "measured", "note"], rows) + [""]
     failed = [c for c in claims if c["verdict"] == NOT_REPRODUCED]
     unchecked = [c for c in claims if c["verdict"] == NOT_CHECKED]
     ok = [c for c in claims if c["verdict"] == REPRODUCED]

@@ -1,0 +1,113 @@
+"""One arm, in its own process (`python -m ampft.benchmark.peer SPEC OUT`, started by `runner`): the spec
+file holds the runner, the arm's resolved finetune config and its directory; the arm writes its
+measurements as JSON to OUT.
+
+- `run_trainer`: a run_glue-style script. `transformers.Trainer` with the same model weights, examples
+  (ampft's loader, so `task.max_train_samples` etc. apply alike), batch size, learning rate, epochs,
+  warm-up, weight decay, gradient clipping, seed and precision. It honours `trainer.padding`
+  (max_length: run_glue's default `pad_to_max_length`; longest: `DataCollatorWithPadding`),
+  `trainer.group_by_length` and `trainer.compile`; everything else is the Trainer's default.
+- `run_ampft`: `ampft.finetune.run` with the arm's finetune config.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from ampft.benchmark.peer.config import Runner
+
+
+def run_ampft(cfg: DictConfig, out_dir: Path) -> dict:
+    from ampft.finetune import run
+
+    s = run(cfg, out_dir / "run")
+    return dict(
+        samples_per_second=s["train_samples_per_second"], tokens_per_second=s["train_tokens_per_second"],
+        train_seconds=s["train_seconds"], setup_seconds=s["setup_seconds"], steps=s["steps"],
+        epochs=s["epochs"], eval=s["eval"],
+        attn_implementation=s["attn_implementation"], device=s["device"], precision=s["precision"],
+        peak_memory_bytes=s["peak_memory_bytes"], peak_memory_kind=s["peak_memory_kind"],
+    )
+
+
+def run_trainer(cfg: DictConfig, out_dir: Path) -> dict:
+    """A run_glue-style fine-tuning with transformers.Trainer (see the module docstring)."""
+    import numpy as np
+    import transformers
+    from transformers import DataCollatorWithPadding, Trainer, TrainingArguments, default_data_collator
+
+    from ampft.config import Padding, Precision
+    from ampft.models import build_model, load_tokenizer
+    from ampft.tasks import family_for
+    from ampft.tasks.classification import texts
+    from ampft.tracking import peak_memory_bytes
+
+    started = time.perf_counter()
+    tr, task, o, sch = cfg.trainer, cfg.task, cfg.optim, cfg.scheduler
+    transformers.set_seed(tr.seed)  # as run_glue: before the model (the classifier's initialisation)
+    tokenizer = load_tokenizer(cfg.model)
+    raw, labels = family_for(task.family).load(task)
+    model = build_model(cfg.model, tokenizer, labels, task.family, cfg.precision.name)
+    pad = tr.padding == Padding.max_length
+    fields = list(task.text_fields)
+
+    def preprocess(batch):
+        enc = tokenizer(*texts(batch, fields), padding="max_length" if pad else False, max_length=task.max_length,
+                        truncation=True)
+        enc["length"] = [sum(m) for m in enc["attention_mask"]]
+        return enc
+
+    data = {s: raw[s].map(preprocess, batched=True) for s in ("train", "validation")}
+    mixed = cfg.precision.name in (Precision.fp16, Precision.bf16)
+    collator = default_data_collator if pad else DataCollatorWithPadding(tokenizer,
+                                                                         pad_to_multiple_of=8 if mixed else None)
+    cpu = tr.cpu or not torch.cuda.is_available()
+    args = TrainingArguments(
+        output_dir=str(out_dir / "trainer"), per_device_train_batch_size=tr.batch_size,
+        per_device_eval_batch_size=tr.eval_batch_size or 2 * tr.batch_size, gradient_accumulation_steps=tr.grad_accum,
+        learning_rate=o.lr, weight_decay=o.weight_decay, adam_beta1=o.betas[0], adam_beta2=o.betas[1],
+        adam_epsilon=o.eps, max_grad_norm=tr.max_grad_norm, num_train_epochs=tr.epochs, max_steps=tr.max_steps,
+        lr_scheduler_type=sch.name.value, warmup_steps=sch.warmup_steps if sch.warmup_steps > 0 else sch.warmup_ratio,
+        seed=tr.seed, bf16=cfg.precision.name == Precision.bf16, fp16=cfg.precision.name == Precision.fp16,
+        tf32=None if cfg.precision.name == Precision.fp32 else cfg.precision.name == Precision.tf32,
+        use_cpu=cpu, logging_steps=tr.log_every, save_strategy="no", eval_strategy="no", report_to="none",
+        disable_tqdm=True, train_sampling_strategy="group_by_length" if tr.group_by_length else "random",
+        length_column_name="length", torch_compile=bool(tr.compile),
+    )
+    trainer = Trainer(model=model, args=args, train_dataset=data["train"], eval_dataset=data["validation"],
+                      data_collator=collator, processing_class=tokenizer,
+                      compute_metrics=lambda p: {"accuracy": float((np.argmax(p.predictions, -1) == p.label_ids)
+                                                                   .mean())})
+    ran = trainer.accelerator.mixed_precision  # what the Trainer will autocast to: "no", "bf16" or "fp16"
+    if ran != (cfg.precision.name.value if mixed else "no"):
+        raise RuntimeError(f"precision={cfg.precision.name.value}, but the Trainer set up mixed_precision={ran}")
+    setup_seconds = time.perf_counter() - started
+    train = trainer.train().metrics
+    ev = trainer.evaluate()
+    epochs = float(train.get("epoch", tr.epochs))
+    tokens = sum(data["train"]["length"]) * epochs
+    device = trainer.args.device
+    peak, peak_kind = peak_memory_bytes(device)
+    return dict(
+        samples_per_second=train["train_samples_per_second"], tokens_per_second=tokens / train["train_runtime"],
+        train_seconds=train["train_runtime"], setup_seconds=setup_seconds, steps=trainer.state.global_step,
+        epochs=epochs, eval={k.removeprefix("eval_"): v for k, v in ev.items() if k in ("eval_accuracy", "eval_loss")},
+        attn_implementation=model.config._attn_implementation, device=str(device),
+        precision=cfg.precision.name.value, peak_memory_bytes=peak, peak_memory_kind=peak_kind,
+    )
+
+
+def main(spec_path: str, out_path: str) -> None:
+    """The child's side of the protocol: run the arm the spec describes, write its measurements to out_path."""
+    from ampft.config import FinetuneConfig
+
+    spec = json.loads(Path(spec_path).read_text())
+    cfg = OmegaConf.merge(OmegaConf.structured(FinetuneConfig), OmegaConf.create(spec["cfg"]))
+    out_dir = Path(spec["out_dir"])
+    result = (run_trainer if Runner(spec["runner"]) == Runner.trainer else run_ampft)(cfg, out_dir)
+    Path(out_path).write_text(json.dumps(result, indent=1, default=str))

@@ -1,0 +1,106 @@
+"""check → each arm × seed in its own process (`arms`, one at a time) → FLOPs over the non-padding tokens →
+`results.summarize` → results.json and report.md."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from ampft.benchmark.environment import OtherLoad, describe
+from ampft.benchmark.flops import training_flops
+from ampft.benchmark.peer.config import PeerConfig, Runner, check
+from ampft.benchmark.peer.report import write_report
+from ampft.benchmark.peer.results import summarize
+
+log = logging.getLogger(__name__)
+
+
+def run_peer(p: DictConfig, out_dir: str | Path, command: str | None = None) -> Path:
+    """Run every arm of peer config `p` once per seed; write results.json and report.md into out_dir; return
+    report.md."""
+    out_dir = Path(out_dir)
+    cfgs = check(p)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    env = describe(torch.device("cuda" if torch.cuda.is_available() and not any(
+        c.trainer.cpu for c in cfgs.values()) else "cpu"))
+    runs = []
+    for seed in p.seeds:
+        for arm in p.arms:
+            cfg = OmegaConf.merge(cfgs[arm.name], {"trainer": {"seed": seed}})
+            log.info("arm %s (%s), seed %d", arm.name, Runner(arm.runner).value, seed)
+            runs.append(dict(arm=arm.name, runner=Runner(arm.runner).value, seed=seed,
+                             overrides=list(arm.overrides), **_run_arm(arm, cfg, out_dir / f"{arm.name}-seed{seed}")))
+            r = runs[-1]
+            log.info("  %.1f samples/s, %.1f s training, %.1f s wall, %s", r["samples_per_second"],
+                     r["train_seconds"], r["wall_seconds"], r["eval"])
+    flops: dict[str, tuple[int, float]] = {}
+    for r in runs:  # per distinct model/task/length settings, after the timed runs
+        cfg = cfgs[r["arm"]]
+        key = json.dumps(OmegaConf.to_container(OmegaConf.masked_copy(cfg, ["model", "task"]), resolve=True),
+                         sort_keys=True, default=str)
+        if key not in flops:
+            flops[key] = epoch_flops(cfg)
+        r["train_examples"], per_epoch = flops[key]
+        r["model_tflops"] = per_epoch * r["epochs"] / r["train_seconds"] / 1e12
+    results = summarize(p, cfgs, runs, env, command)
+    (out_dir / "results.json").write_text(json.dumps(results, indent=1, default=str))
+    return write_report(results, out_dir)
+
+
+def rerender(out_dir: str | Path) -> Path:
+    """Summarize and write report.md again from a run's results.json (its config, environment and raw runs)."""
+    out_dir = Path(out_dir)
+    old = json.loads((out_dir / "results.json").read_text())
+    p = OmegaConf.merge(OmegaConf.structured(PeerConfig), old["config"])
+    results = summarize(p, check(p), old["runs"], old["environment"], old["command"])
+    (out_dir / "results.json").write_text(json.dumps(results, indent=1, default=str))
+    return write_report(results, out_dir)
+
+
+def epoch_flops(cfg: DictConfig) -> tuple[int, float]:
+    """(training examples, training FLOPs of one epoch over their non-padding tokens) for an arm's config."""
+    from ampft.models import build_model, load_tokenizer
+    from ampft.tasks import family_for
+    from ampft.tasks.classification import texts
+
+    tokenizer = load_tokenizer(cfg.model)
+    raw, labels = family_for(cfg.task.family).load(cfg.task)
+    encoded = tokenizer(*texts(raw["train"], list(cfg.task.text_fields)), truncation=True,
+                        max_length=cfg.task.max_length)
+    lengths = [len(ids) for ids in encoded["input_ids"]]
+    shape_only = OmegaConf.merge(cfg.model, {"pretrained": False})  # the parameter count, no weights needed
+    model = build_model(shape_only, tokenizer, labels, cfg.task.family)
+    return len(lengths), float(training_flops(model, lengths))
+
+
+def _run_arm(arm: DictConfig, cfg: DictConfig, arm_dir: Path) -> dict:
+    """The parent's side of the protocol: spec.json in, result.json out (`arms.main`), timed from outside."""
+    from ampft.config import to_plain
+
+    arm_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="ampft-peer-cache-") as cache:
+        plain = to_plain(cfg)
+        plain["cache_dir"] = cache  # a cold tokenization cache: ampft pays for tokenizing, as the Trainer does
+        spec = arm_dir / "spec.json"
+        spec.write_text(json.dumps(dict(runner=Runner(arm.runner).value, cfg=plain, out_dir=str(arm_dir))))
+        out = arm_dir / "result.json"
+        env = dict(os.environ, HF_DATASETS_CACHE=str(Path(cache) / "datasets"), TOKENIZERS_PARALLELISM="false")
+        with OtherLoad() as load:
+            tic = time.perf_counter()
+            proc = subprocess.run([sys.executable, "-m", "ampft.benchmark.peer", str(spec), str(out)],
+                                  env=env, capture_output=True, text=True)
+            wall = time.perf_counter() - tic
+    (arm_dir / "log.txt").write_text(proc.stdout + proc.stderr)
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
+        raise RuntimeError(f"arm {arm.name} failed (exit {proc.returncode}); its log: {arm_dir / 'log.txt'}\n{tail}")
+    return dict(json.loads(out.read_text()), wall_seconds=wall, other_load=load.share)
