@@ -29,7 +29,6 @@ from ampft.config import (
     flat,
     metric_mode,
     to_plain,
-    validate,
 )
 from ampft.data import build_dataloaders, eval_dataloader, prepare_data
 from ampft.data.load import positive_label
@@ -37,6 +36,7 @@ from ampft.engine import Loop, TrainingDiverged, TrainState, fit, weights_finite
 from ampft.evaluation.metrics import check_installed
 from ampft.models import MODEL_CLASSES, build_model, load_tokenizer
 from ampft.tracking import Tracker, format_summary, log_with, peak_memory_bytes, write_summary
+from ampft.validation import validate
 
 log = logging.getLogger(__name__)
 

@@ -26,6 +26,7 @@ from omegaconf import DictConfig
 
 from ampft.config import TaskFamily
 from ampft.data.load import extra_split_names
+from ampft.launch import compose
 
 # Scores the sequence-classification metrics give as fractions; the papers (and NER/QA here) use percent.
 FRACTIONS = (TaskFamily.classification, TaskFamily.regression)
@@ -123,8 +124,6 @@ def report(summary: dict[str, Any], cfg: DictConfig, recipe: DictConfig, budget:
 
 
 def main(argv: list[str]) -> None:
-    from ampft.launch import compose
-
     budget, overrides = _budget(argv)
     experiment = _experiment(overrides)
     recipe = compose([f"experiment={experiment}"])

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from ampft.config import ConfigError, TaskFamily, metric_keys, validate
+from ampft.config import ConfigError, TaskFamily
+from ampft.validation import metric_keys, validate
 
 
 def problems(cfg) -> str:

@@ -17,10 +17,11 @@ import datasets
 import pytest
 import yaml
 
-from ampft.config import CHECKED_ELSEWHERE, RANGES, ConfigError, schema_keys, validate
+from ampft.config import ConfigError
 from ampft.data import prepare_data
 from ampft.data.load import DataError, load_raw
 from ampft.tasks import family_for
+from ampft.validation import CHECKED_ELSEWHERE, RANGES, schema_keys, validate
 from tests.conftest import ROOT, TINY, compose_config, shared
 
 
@@ -384,7 +385,7 @@ def test_every_schema_field_has_its_range_checked_somewhere():
 def test_defaults_and_shipped_task_configs_pass_the_range_checks():
     for task in ("demo", "sst2", "stsb", "conll2003", "squad", "squad_v2"):
         cfg = compose_config("finetune", [f"task={task}"])
-        from ampft.config import range_problems
+        from ampft.validation import range_problems
 
         assert range_problems(cfg) == [], task
 

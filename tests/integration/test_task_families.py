@@ -19,12 +19,12 @@ from accelerate import Accelerator
 from omegaconf import OmegaConf
 
 from ampft import tasks
-from ampft.config import validate
 from ampft.data import build_dataloaders, prepare_data
 from ampft.evaluation.saved import evaluate_saved
 from ampft.finetune import reset_accelerate, run
 from ampft.models import build_model, load_tokenizer, resolve_path
 from ampft.tasks.qa import Squad, read_squad
+from ampft.validation import validate
 from tests.conftest import CONF, shared
 
 CONLL_TAGS = ["O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC"]

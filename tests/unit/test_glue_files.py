@@ -13,10 +13,11 @@ from pathlib import Path
 import datasets
 import pytest
 
-from ampft.config import ConfigError, validate
+from ampft.config import ConfigError
 from ampft.data.load import DataError, positive_label
 from ampft.finetune import run
 from ampft.tasks import family_for
+from ampft.validation import validate
 from tests.conftest import CONF, ROOT, TINY, compose_config, shared
 
 GLUE = ["cola", "sst2", "mrpc", "qqp", "stsb", "mnli", "qnli", "rte", "wnli"]

@@ -22,6 +22,7 @@ from datasets import ClassLabel, Dataset, DatasetDict, load_dataset
 from omegaconf import DictConfig
 
 from ampft.config import TaskFamily
+from ampft.data.demo import demo_splits
 
 log = logging.getLogger(__name__)
 
@@ -209,8 +210,6 @@ def load_splits(task: DictConfig, read_file: Callable[[str, str], Dataset] = _lo
     elif task.dataset is not None:
         raw = _load_hub(task)
     elif task.name == "demo":
-        from ampft.data.demo import demo_splits
-
         raw = demo_splits()
     else:
         raise DataError(f"task={task.name}: set task.train_file/validation_file or task.dataset")

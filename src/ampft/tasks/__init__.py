@@ -11,7 +11,7 @@ The family objects wire them (and the sequence classification code in `ampft.dat
     question_answering.QuestionAnswering       task.family=question_answering
 
 each with the `Family` interface below. The shared modules call it: `ampft.data` (load, label, tokenize into
-the on-disk cache, collate), `ampft.models.build_model` (the head, by family), `ampft.config.validate`
+the on-disk cache, collate), `ampft.models.build_model` (the head, by family), `ampft.validation.validate`
 (file formats), and `evaluate` here (metrics on the validation split and the extra ones).
 """
 
@@ -71,7 +71,7 @@ class Family:
     def evaluate(self, accelerator: Accelerator, model, dataloader: DataLoader, features: Dataset,
                  examples: Dataset, task: DictConfig, labels: list[str] | None,
                  out_dir: Path | None = None, name: str = "validation") -> dict[str, float]:
-        """Metrics (keys as config.FAMILY_METRICS says), `loss` and `samples` (examples scored) on one split;
+        """Metrics (keys as validation.FAMILY_METRICS says), `loss` and `samples` (examples scored) on one split;
         `dataloader` yields `features` in order. Predictions go to `out_dir` where the family writes any."""
         raise NotImplementedError
 
