@@ -38,13 +38,6 @@ class Precision(Choice):
     bf16 = "bf16"
 
 
-class TaskFamily(Choice):
-    classification = "classification"  # sequence (or sentence-pair) classification
-    regression = "regression"  # sequence regression (one output), e.g. STS-B
-    token_classification = "token_classification"  # NER: one tag per word (CoNLL files or Hub)
-    question_answering = "question_answering"  # extractive QA: SQuAD v1.1 / v2.0 style
-
-
 class TagScheme(Choice):
     IOB1 = "IOB1"
     IOB2 = "IOB2"
@@ -120,7 +113,9 @@ class ModelConfig:
 @dataclass
 class TaskConfig:
     name: str = MISSING
-    family: TaskFamily = TaskFamily.classification
+    # A registered task family (ampft.tasks.FAMILIES): classification, regression (one output, e.g. STS-B),
+    # token_classification (NER: one tag per word), question_answering (extractive, SQuAD v1.1 / v2.0 style).
+    family: str = "classification"
     # Hub dataset (e.g. nyu-mll/glue with subset sst2), or local files; local files win when given.
     dataset: str | None = None
     subset: str | None = None

@@ -25,27 +25,19 @@ from ampft.config import (
     OptimImplementation,
     Precision,
     PrecisionConfig,
-    TaskFamily,
     metric_mode,
 )
 from ampft.data.load import extra_split_names
-from ampft.tasks import family_for
-
-# The metrics each task family computes, and the result keys each metric produces: what task.main_metric
-# and checkpoint.metric may name. seqeval and squad scores are in percent, as their official scripts print.
-FAMILY_METRICS: dict[TaskFamily, dict[str, tuple[str, ...]]] = {
-    TaskFamily.classification: {"accuracy": ("accuracy",), "f1": ("f1",), "mcc": ("mcc",)},
-    TaskFamily.regression: {"pearson": ("pearson",), "spearman": ("spearman",)},
-    TaskFamily.token_classification: {"seqeval": ("f1", "precision", "recall", "accuracy")},
-    TaskFamily.question_answering: {"squad": ("exact_match", "f1"), "squad_v2": ("exact_match", "f1")},
-}
-SUPPORTED_METRICS = {m for metrics in FAMILY_METRICS.values() for m in metrics}
+from ampft.tasks import FAMILIES, supported_metrics
 
 
 def metric_keys(task: DictConfig) -> list[str]:
-    """The result keys that task.metrics produce (seqeval -> f1, precision, ...; accuracy -> accuracy)."""
-    table = FAMILY_METRICS[TaskFamily(task.family)]
-    return list(dict.fromkeys(k for m in task.metrics for k in table.get(m, (m,))))
+    """The result keys that task.metrics produce (seqeval -> f1, precision, ...; accuracy -> accuracy): what
+    task.main_metric and checkpoint.metric may name. The tables are the families' (`Family.metrics`)."""
+    family = FAMILIES.get(str(task.family))
+    if family is None:  # reported by _task_problems
+        return list(dict.fromkeys(task.metrics))
+    return family.metric_keys(list(task.metrics))
 
 
 def validate(cfg: DictConfig) -> list[str]:
@@ -250,35 +242,17 @@ def ignored_loss_scaling(cfg: DictConfig) -> list[str]:
             f"{'it' if len(changed) == 1 else 'them'} (remove, or use precision=fp16)"]
 
 
-def _column_names_problems(task: DictConfig, files: list[tuple[str, str]]) -> list[str]:
-    """task.column_names names the columns of headerless local .csv/.tsv files of a sequence task."""
-    names = task.column_names
-    if names is None:
-        return []
-    if TaskFamily(task.family) not in (TaskFamily.classification, TaskFamily.regression) or not files:
-        return [f"task.column_names={list(names)}: only for local .csv/.tsv files of a classification or regression "
-                "task (task.train_file=...)"]
-    problems = [f"task.{key}={path}: task.column_names is for headerless .csv/.tsv files, not {Path(path).suffix}"
-                for key, path in files if Path(path).suffix.lower() not in (".csv", ".tsv")]
-    if len(set(names)) != len(names):
-        problems.append(f"task.column_names={list(names)}: names must be unique")
-    missing = [c for c in (*task.text_fields, task.label_column) if c not in names]
-    if missing:
-        problems.append(f"task.column_names={list(names)} lacks {missing}, which task.text_fields/task.label_column "
-                        "name: name the file's columns in order, including those")
-    return problems
-
-
 def _task_problems(task: DictConfig, m: DictConfig) -> list[str]:
     """Data source, files, columns, metrics and the family's own keys of the task group."""
     problems: list[str] = []
-    family = TaskFamily(task.family)
-    reader = family_for(family)
+    family = FAMILIES.get(str(task.family))
+    if family is None:
+        return [f"task.family={task.family}: not a task family; use one of {sorted(FAMILIES)}"]
     has_files = task.train_file is not None or task.validation_file is not None
     if not has_files and task.dataset is None and task.name != "demo":
         problems.append(
             f"task={task.name} has no data: set task.train_file=... and task.validation_file=... "
-            f"({reader.files}), or task.dataset=<Hub dataset name>"
+            f"({family.files}), or task.dataset=<Hub dataset name>"
         )
     if has_files and (task.train_file is None or task.validation_file is None):
         problems.append(
@@ -292,10 +266,9 @@ def _task_problems(task: DictConfig, m: DictConfig) -> list[str]:
         if not Path(path).is_file():
             problems.append(f"task.{key}={path}: no such file")
         try:
-            reader.check_file(path)
+            family.check_file(path)
         except ValueError as exc:
             problems.append(f"task.{key}: {exc}")
-    problems += _column_names_problems(task, files)
     if task.positive_label is not None and task.labels is not None and str(task.positive_label) not in [
             str(x) for x in task.labels]:
         problems.append(f"task.positive_label={task.positive_label} is not one of task.labels={list(task.labels)}")
@@ -303,53 +276,27 @@ def _task_problems(task: DictConfig, m: DictConfig) -> list[str]:
     if len(set(names)) != len(names) or {"train", "validation"} & set(names):
         problems.append(f"task.extra_validation_splits={list(task.extra_validation_splits)}: names {names} must be "
                         "unique and not train/validation (files are named by their stem)")
-
-    fields = {TaskFamily.token_classification: (1, "one column: the words of each sentence (a list)"),
-              TaskFamily.question_answering: (2, "two columns: [question, context]")}
-    if family in fields and len(task.text_fields) != fields[family][0]:
-        problems.append(f"task.text_fields={list(task.text_fields)}: task.family={family.value} needs "
-                        f"{fields[family][1]}")
-    elif not 1 <= len(task.text_fields) <= 2:
-        problems.append(
-            f"task.text_fields={list(task.text_fields)}: give one column (single sentence) or two (pair)"
-        )
+    problems += family.check(task, files)
 
     # Metrics: known, computed by this family, and the main one among their results.
-    unknown = [x for x in task.metrics if x not in SUPPORTED_METRICS]
+    supported = supported_metrics()
+    unknown = [x for x in task.metrics if x not in supported]
     if unknown:
-        problems.append(f"task.metrics has {unknown}: supported are {sorted(SUPPORTED_METRICS)}")
-    foreign = [x for x in task.metrics if x in SUPPORTED_METRICS and x not in FAMILY_METRICS[family]]
+        problems.append(f"task.metrics has {unknown}: supported are {sorted(supported)}")
+    foreign = [x for x in task.metrics if x in supported and x not in family.metrics]
     if foreign:
-        owners = sorted({f.value for x in foreign for f, ms in FAMILY_METRICS.items() if x in ms})
+        owners = sorted({f for x in foreign for f in supported[x]})
         problems.append(
-            f"task.metrics has {foreign}, which task.family={family.value} does not compute (it computes "
-            f"{sorted(FAMILY_METRICS[family])}); they belong to task.family={'/'.join(owners)}"
+            f"task.metrics has {foreign}, which task.family={family.name} does not compute (it computes "
+            f"{sorted(family.metrics)}); they belong to task.family={'/'.join(owners)}"
         )
     if not task.metrics:
-        problems.append(f"task.metrics is empty: use some of {sorted(FAMILY_METRICS[family])}")
+        problems.append(f"task.metrics is empty: use some of {sorted(family.metrics)}")
     if task.main_metric not in metric_keys(task):
         problems.append(f"task.main_metric={task.main_metric} is not a result of task.metrics={list(task.metrics)}: "
                         f"use one of {metric_keys(task)}")
-    if family == TaskFamily.regression and task.labels is not None:
-        problems.append("task.labels is set for a regression task: remove it (regression has one output)")
     if task.max_length < 8:
         problems.append(f"task.max_length={task.max_length}: must be >= 8")
-
-    if family == TaskFamily.question_answering:
-        if task.labels is not None:
-            problems.append("task.labels is set for question answering: remove it (answers are spans)")
-        if not 0 <= task.doc_stride <= task.max_length // 2:
-            problems.append(f"task.doc_stride={task.doc_stride}: must be in [0, task.max_length/2 = "
-                            f"{task.max_length // 2}] so windows advance (BERT's SQuAD setup: max_length=384, "
-                            "doc_stride=128)")
-        for key in ("max_answer_length", "n_best"):
-            if task[key] < 1:
-                problems.append(f"task.{key}={task[key]}: must be >= 1")
-        if task.version_2 and "squad" in task.metrics:
-            problems.append("task.version_2=true with task.metrics=[squad]: use task.metrics=[squad_v2] (no-answer "
-                            "questions are scored by the v2.0 rules)")
-        if not task.version_2 and "squad_v2" in task.metrics:
-            problems.append("task.metrics=[squad_v2] needs task.version_2=true (no-answer predictions)")
 
     # The model must take task.max_length tokens (absolute position embeddings).
     arch = m.arch

@@ -3,7 +3,8 @@
 The graph is read from the source (`ast`), from the statements that run at import time (module level,
 including inside `if`/`try`, not inside functions or `if TYPE_CHECKING:`). Importing `a.b.c` runs the
 packages `a` and `a.b` first, so it is an edge to those too, except to the importer's own packages (which
-are already being initialised when it runs).
+are already being initialised when it runs). A package that imports its subpackages by discovery
+(`pkgutil.iter_modules(__path__)`, as `ampft.tasks` does with the task families) imports each of them.
 """
 
 from __future__ import annotations
@@ -58,6 +59,9 @@ def import_graph() -> dict[str, set[str]]:
                 base = ".".join([*package.split(".")[: len(package.split(".")) - node.level + 1], *filter(None, [base])])
             targets.add(base)
             targets |= {f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in modules}
+        if "iter_modules" in {getattr(n.func, "attr", None) for n in ast.walk(ast.parse(path.read_text()))
+                              if isinstance(n, ast.Call)}:
+            targets |= {m for m in modules if m.rpartition(".")[0] == name and modules[m].name == "__init__.py"}
         own = set(_ancestors(name)) | {name}
         edges = set()
         for target in targets:
@@ -95,6 +99,9 @@ def test_graph_sees_the_package():
     assert "ampft.config" in graph["ampft.validation"]
     assert "ampft.precision" in graph["ampft.validation"]
     assert "ampft.data" in graph["ampft.validation"]  # through ampft.data.load: its package runs first
+    assert {"ampft.tasks.classification", "ampft.tasks.token_classification",
+            "ampft.tasks.question_answering"} <= graph["ampft.tasks"]  # discovered family packages
+    assert "ampft.tasks" not in graph["ampft.tasks.classification.family"]  # its own package: already running
 
 
 def test_no_import_cycles():

@@ -91,8 +91,6 @@ ConfigStore.instance().store(
 
 def check(p: DictConfig, conf_dir: Path = CONF_DIR) -> dict[str, DictConfig]:
     """Compose and validate every arm's finetune config; raise with every problem at once."""
-    from ampft.config import TaskFamily
-
     problems: list[str] = []
     names = [a.name for a in p.arms]
     if len(names) < 2:
@@ -114,7 +112,7 @@ def check(p: DictConfig, conf_dir: Path = CONF_DIR) -> dict[str, DictConfig]:
         cfg = compose_arm([*p.overrides, *p.extra, *arm.overrides], where, problems, conf_dir)
         if cfg is None:
             continue
-        if Runner(arm.runner) == Runner.trainer and TaskFamily(cfg.task.family) != TaskFamily.classification:
+        if Runner(arm.runner) == Runner.trainer and cfg.task.family != "classification":
             problems.append(f"{where}: the trainer runner is run_glue-style, sequence classification only")
         if invalid := validation_problems(cfg, where):
             problems.extend(invalid)
@@ -170,8 +168,9 @@ def run_trainer(cfg: DictConfig, out_dir: Path) -> dict:
     tr, task, o, sch = cfg.trainer, cfg.task, cfg.optim, cfg.scheduler
     transformers.set_seed(tr.seed)  # as run_glue: before the model (the classifier's initialisation)
     tokenizer = load_tokenizer(cfg.model)
-    raw, labels = family_for(task.family).load(task)
-    model = build_model(cfg.model, tokenizer, labels, task.family, cfg.precision.name)
+    family = family_for(task.family)
+    raw, labels = family.load(task)
+    model = build_model(cfg.model, tokenizer, labels, family, cfg.precision.name)
     pad = tr.padding == Padding.max_length
     fields = list(task.text_fields)
 
@@ -235,12 +234,13 @@ def epoch_flops(cfg: DictConfig) -> tuple[int, float]:
     from ampft.tasks.classification import texts
 
     tokenizer = load_tokenizer(cfg.model)
-    raw, labels = family_for(cfg.task.family).load(cfg.task)
+    family = family_for(cfg.task.family)
+    raw, labels = family.load(cfg.task)
     encoded = tokenizer(*texts(raw["train"], list(cfg.task.text_fields)), truncation=True,
                         max_length=cfg.task.max_length)
     lengths = [len(ids) for ids in encoded["input_ids"]]
     shape_only = OmegaConf.merge(cfg.model, {"pretrained": False})  # the parameter count, no weights needed
-    model = build_model(shape_only, tokenizer, labels, cfg.task.family)
+    model = build_model(shape_only, tokenizer, labels, family)
     return len(lengths), useful_flops(model, lengths, 1.0)
 
 
