@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
-from ampft.config import Backend
+from ampft.config import Backend, ConfigError
 from ampft.precision import deepspeed_section
 
 log = logging.getLogger(__name__)
@@ -180,8 +180,6 @@ def check_world(accelerator) -> None:
     if dist.is_available() and dist.is_initialized():
         world = dist.get_world_size()
     if world != accelerator.num_processes:
-        from ampft.config import ConfigError
-
         raise ConfigError([
             f"the launcher started {world} ranks but Accelerate set up {accelerator.num_processes} process(es) "
             f"({accelerator.distributed_type.value} on {accelerator.device}): each rank would train alone. "

@@ -25,18 +25,15 @@ from ampft import checkpointing, distributed, precision, tasks
 from ampft.config import (
     ConfigError,
     OptimImplementation,
-    TaskFamily,
     flat,
     metric_mode,
     to_plain,
-    validate,
 )
 from ampft.data import build_dataloaders, eval_dataloader, prepare_data
-from ampft.data.load import positive_label
 from ampft.engine import Loop, TrainingDiverged, TrainState, fit, weights_finite
-from ampft.evaluation.metrics import check_installed
-from ampft.models import MODEL_CLASSES, build_model, load_tokenizer
+from ampft.models import build_model, load_tokenizer
 from ampft.tracking import Tracker, format_summary, log_with, peak_memory_bytes, write_summary
+from ampft.validation import validate
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +94,7 @@ def run(cfg: DictConfig, run_dir: Path, started: float | None = None) -> dict[st
     """One fine-tuning run; callable repeatedly in one process (Hydra multirun, tests)."""
     started = time.perf_counter() if started is None else started
     run_dir = Path(run_dir)
-    check_installed(cfg.task.metrics)  # a missing optional library is said now, not after training
+    tasks.check_installed(cfg.task.metrics)  # a missing optional library is said now, not after training
     if torch.cuda.is_available():  # this run's peak, not an earlier run's in the same process (multirun)
         torch.cuda.reset_peak_memory_stats()
     try:
@@ -137,14 +134,13 @@ def build(cfg: DictConfig, run_dir: Path) -> tuple[Loop, PreTrainedTokenizerBase
     log.info("run dir: %s | precision: %s | device: %s x%d", run_dir, ran_precision, accelerator.device,
              accelerator.num_processes)
 
-    tokenizer = load_tokenizer(cfg.model)
-    tokenizer = tasks.family_for(cfg.task.family).adapt_tokenizer(tokenizer)
+    family = tasks.family_for(cfg.task.family)  # the one task family object, passed on from here
+    tokenizer = family.adapt_tokenizer(load_tokenizer(cfg.model))
     if accelerator.is_main_process:  # checkpoints of this run can then be evaluated on their own
         tokenizer.save_pretrained(run_dir / "tokenizer")
-    data = prepare_data(cfg, tokenizer, accelerator.main_process_first)
+    data = prepare_data(cfg, family, tokenizer, accelerator.main_process_first)
     with distributed.whole_model_init(accelerator):
-        model = build_model(cfg.model, tokenizer, data.labels, cfg.task.family, cfg.precision.name,
-                            accelerator.device)
+        model = build_model(cfg.model, tokenizer, data.labels, family, cfg.precision.name, accelerator.device)
     distributed.set_fsdp_layers(accelerator, model)
     optimizer = build_optimizer(model, cfg.optim, accelerator.device, loss_scaling=accelerator.scaler is not None)
     train_dl, eval_dl = build_dataloaders(cfg, data, tokenizer, accelerator.device, model=model,
@@ -208,12 +204,13 @@ def finish(loop: Loop, tokenizer: PreTrainedTokenizerBase, ran_precision: str, s
            setup_seconds: float | None = None) -> dict[str, Any]:
     """Summarise, export the model (last or best weights) with a model card, write summary.json."""
     cfg, run_dir, accelerator, model, state = loop.cfg, loop.run_dir, loop.accelerator, loop.model, loop.state
+    family = tasks.family_for(cfg.task.family)  # the registered object `build` used
     peak, peak_kind = peak_memory_bytes(accelerator.device)
     summary = dict(
         run_dir=str(run_dir),
         model=cfg.model.name,
         task=cfg.task.name,
-        task_family=cfg.task.family.value,
+        task_family=cfg.task.family,
         precision=ran_precision,
         precision_requested=cfg.precision.name.value,
         # DeepSpeed: "autocast" (fp32 weights and gradients, as elsewhere) or "half" (16-bit weights and gradients).
@@ -222,7 +219,7 @@ def finish(loop: Loop, tokenizer: PreTrainedTokenizerBase, ran_precision: str, s
         eval={k: v for k, v in state.eval_results.items() if k != "samples"},
         eval_samples=state.eval_results["samples"],
         main_metric=cfg.task.main_metric,
-        positive_label=_positive_label(cfg, accelerator.unwrap_model(model)),
+        positive_label=_positive_label(cfg, family, accelerator.unwrap_model(model)),
         train_loss=state.loss_sum / max(state.loss_batches, 1),
         train_loss_last=state.last_loss,
         train_samples_per_second=state.samples / max(state.train_seconds, 1e-9),
@@ -262,18 +259,17 @@ def finish(loop: Loop, tokenizer: PreTrainedTokenizerBase, ran_precision: str, s
         if not weights_finite(model, accelerator):
             raise TrainingDiverged("the final weights are not finite: not exporting them")
         summary["export_dir"] = str(run_dir / "model")
-        checkpointing.export(accelerator, model, tokenizer, run_dir / "model", to_plain(cfg), model_card(summary))
+        checkpointing.export(accelerator, model, tokenizer, run_dir / "model", to_plain(cfg),
+                             model_card(summary, family))
     if accelerator.is_main_process:
         write_summary(run_dir, summary)
         print(format_summary(summary), flush=True)
     return summary
 
 
-def _positive_label(cfg: DictConfig, model) -> str | None:
+def _positive_label(cfg: DictConfig, family: tasks.Family, model) -> str | None:
     """The class binary F1 scored (two-label classification), from the labels the model was trained with."""
-    if cfg.task.family != TaskFamily.classification:
-        return None
-    return positive_label(cfg.task, [model.config.id2label[i] for i in range(model.config.num_labels)])
+    return family.positive_label(cfg.task, family.labels_from_model(model.config))
 
 
 def _device_name(device: torch.device) -> str:
@@ -297,10 +293,9 @@ def _command(run_dir: Path) -> str | None:
     return " ".join(["python recipes/finetune.py", *map(str, args)])
 
 
-def model_card(s: dict[str, Any]) -> str:
+def model_card(s: dict[str, Any], family: tasks.Family) -> str:
     metrics = "\n".join(f"| {k} | {v:.4f} |" for k, v in s["eval"].items())
-    family = TaskFamily(s.get("task_family", "classification"))
-    pipeline_tag, auto = tasks.family_for(family).pipeline_tag, MODEL_CLASSES[family].__name__
+    pipeline_tag, auto = family.pipeline_tag, family.model_class.__name__
     return f"""---
 library_name: transformers
 pipeline_tag: {pipeline_tag}

@@ -94,7 +94,8 @@ def main(argv: list[str]) -> None:
     overrides = [a for a in argv if a != "--dry-run"]
     if any(a.startswith("-") for a in overrides):  # Hydra flags (-m, --cfg, ...): the recipe handles them
         os.execv(sys.executable, [sys.executable, RECIPE, *overrides])
-    from ampft.config import ConfigError, validate
+    from ampft.config import ConfigError
+    from ampft.validation import validate
 
     cfg = compose(overrides)
     try:

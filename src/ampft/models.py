@@ -12,15 +12,13 @@ import logging
 import os
 import socket
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 from transformers import (
     AutoConfig,
-    AutoModelForQuestionAnswering,
-    AutoModelForSequenceClassification,
-    AutoModelForTokenClassification,
     AutoTokenizer,
     PretrainedConfig,
     PreTrainedModel,
@@ -28,18 +26,12 @@ from transformers import (
 )
 from transformers.utils import is_flash_attn_2_available
 
-from ampft.config import AttnImplementation, Precision, TaskFamily
+from ampft.config import AttnImplementation, Precision
+
+if TYPE_CHECKING:
+    from ampft.tasks.base import Family
 
 log = logging.getLogger(__name__)
-
-# The head each task family trains (and `make evaluate` reloads).
-MODEL_CLASSES = {
-    TaskFamily.classification: AutoModelForSequenceClassification,
-    TaskFamily.regression: AutoModelForSequenceClassification,
-    TaskFamily.token_classification: AutoModelForTokenClassification,
-    TaskFamily.question_answering: AutoModelForQuestionAnswering,
-}
-
 
 class ModelLoadError(RuntimeError):
     pass
@@ -139,29 +131,15 @@ def _flash_attn_2_usable() -> bool:
 
 
 def build_model(
-    m: DictConfig, tokenizer: PreTrainedTokenizerBase, labels: list[str] | None,
-    family: TaskFamily | str = TaskFamily.classification, precision: Precision | str = Precision.fp32,
-    device: torch.device | None = None,
+    m: DictConfig, tokenizer: PreTrainedTokenizerBase, labels: list[str] | None, family: Family,
+    precision: Precision | str = Precision.fp32, device: torch.device | None = None,
 ) -> PreTrainedModel:
-    """The family's model: sequence classification (labels given) or regression (labels None), token
-    classification (one output per label), or extractive QA (start and end logits). The attention
-    implementation in use is `model.config._attn_implementation`."""
-    family = TaskFamily(family)
-    if family == TaskFamily.question_answering:
-        task_kwargs = {}
-    elif labels is None:
-        if family == TaskFamily.token_classification:
-            raise ValueError("token classification needs its labels (the tag list)")
-        task_kwargs = dict(num_labels=1, problem_type="regression")
-    else:
-        task_kwargs = dict(
-            num_labels=len(labels),
-            id2label=dict(enumerate(labels)),
-            label2id={name: i for i, name in enumerate(labels)},
-        )
-    config = _model_config(m, tokenizer, **task_kwargs)
+    """The task family's model (`family.model_class`, e.g. AutoModelForSequenceClassification) with its
+    task settings for `labels` (`family.model_kwargs`). The attention implementation in use is
+    `model.config._attn_implementation`."""
+    config = _model_config(m, tokenizer, **family.model_kwargs(labels))
     attn = attention_implementation(m.attn_implementation, precision, device)
-    auto = MODEL_CLASSES[family]
+    auto = family.model_class
     if m.pretrained:
         path = resolve_path(m.name_or_path)
         model = auto.from_pretrained(path, config=config, attn_implementation=attn)

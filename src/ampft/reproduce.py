@@ -24,11 +24,9 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from ampft.config import TaskFamily
 from ampft.data.load import extra_split_names
-
-# Scores the sequence-classification metrics give as fractions; the papers (and NER/QA here) use percent.
-FRACTIONS = (TaskFamily.classification, TaskFamily.regression)
+from ampft.launch import compose
+from ampft.tasks import family_for
 
 
 def _budget(argv: list[str]) -> tuple[dict[str, float], list[str]]:
@@ -67,7 +65,8 @@ def _train_losses(run_dir: Path) -> list[tuple[int, float]]:
 def report(summary: dict[str, Any], cfg: DictConfig, recipe: DictConfig, budget: dict[str, float],
            experiment: str) -> tuple[str, dict[str, Any]]:
     """(markdown, json) of a budgeted run: its scores next to the published ones, the budget used."""
-    scale = 100.0 if TaskFamily(cfg.task.family) in FRACTIONS else 1.0
+    # The papers give percent; the sequence-classification metrics here give fractions (Family.scores_in_percent).
+    scale = 1.0 if family_for(cfg.task.family).scores_in_percent else 100.0
     rows = []
     extras = extra_split_names(cfg.task)
     for metric, published in cfg.published.scores.items():
@@ -123,8 +122,6 @@ def report(summary: dict[str, Any], cfg: DictConfig, recipe: DictConfig, budget:
 
 
 def main(argv: list[str]) -> None:
-    from ampft.launch import compose
-
     budget, overrides = _budget(argv)
     experiment = _experiment(overrides)
     recipe = compose([f"experiment={experiment}"])

@@ -8,6 +8,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from ampft.benchmark import flops
 from ampft.models import build_model, load_tokenizer
+from ampft.tasks.classification import CLASSIFICATION
 
 # tiny-bert (conf/model/tiny-bert.yaml): h=64, L=2, intermediate FF=128, 2 labels.
 H, L, FF, LABELS = 64, 2, 128, 2
@@ -26,7 +27,7 @@ def tiny_model():
     from tests.conftest import compose_config
 
     cfg = compose_config("finetune", ["model=tiny-bert", "model.attn_implementation=eager"])
-    return build_model(cfg.model, load_tokenizer(cfg.model), ["negative", "positive"])
+    return build_model(cfg.model, load_tokenizer(cfg.model), ["negative", "positive"], CLASSIFICATION)
 
 
 def test_hand_count_of_tiny_bert(tiny_model):

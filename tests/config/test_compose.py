@@ -6,7 +6,8 @@ import pytest
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ConfigKeyError, ValidationError
 
-from ampft.config import ConfigError, validate
+from ampft.config import ConfigError
+from ampft.validation import validate
 from tests.conftest import CONF, compose_config
 
 # The finetune recipe's groups; conf/evaluate, conf/benchmark and conf/peer belong to the other recipes,

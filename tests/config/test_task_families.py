@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from ampft.config import ConfigError, TaskFamily, metric_keys, validate
+from ampft.config import ConfigError
+from ampft.validation import metric_keys, validate
 
 
 def problems(cfg) -> str:
@@ -14,11 +15,11 @@ def problems(cfg) -> str:
 
 
 @pytest.mark.parametrize(("task", "family", "main"), [
-    ("conll2003", TaskFamily.token_classification, "f1"),
-    ("squad", TaskFamily.question_answering, "f1"),
-    ("squad_v2", TaskFamily.question_answering, "f1"),
-    ("stsb", TaskFamily.regression, "pearson"),
-    ("mnli", TaskFamily.classification, "accuracy"),
+    ("conll2003", "token_classification", "f1"),
+    ("squad", "question_answering", "f1"),
+    ("squad_v2", "question_answering", "f1"),
+    ("stsb", "regression", "pearson"),
+    ("mnli", "classification", "accuracy"),
 ])
 def test_family_task_configs(compose, task, family, main):
     cfg = compose([f"task={task}"])

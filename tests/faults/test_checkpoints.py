@@ -19,10 +19,11 @@ import pytest
 
 from ampft import checkpointing
 from ampft.checkpointing import CheckpointError, checkpoints, manifest, resolve_resume, verify
-from ampft.config import ConfigError, metric_mode, validate
+from ampft.config import ConfigError, metric_mode
 from ampft.engine import Preempted, TrainingDiverged, TrainState
 from ampft.finetune import run
 from ampft.tracking import Tracker
+from ampft.validation import validate
 from tests.conftest import ROOT, TINY, compose_config
 
 SMALL = [*TINY, "trainer.log_every=1", "checkpoint.every=2"]

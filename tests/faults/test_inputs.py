@@ -17,10 +17,12 @@ import datasets
 import pytest
 import yaml
 
-from ampft.config import CHECKED_ELSEWHERE, RANGES, ConfigError, schema_keys, validate
+from ampft.config import ConfigError
 from ampft.data import prepare_data
-from ampft.data.load import DataError, load_raw
+from ampft.data.load import DataError
 from ampft.tasks import family_for
+from ampft.tasks.classification.data import load_raw
+from ampft.validation import CHECKED_ELSEWHERE, RANGES, schema_keys, validate
 from tests.conftest import ROOT, TINY, compose_config, shared
 
 
@@ -264,7 +266,7 @@ def test_rewrite_keeping_mtime_and_size_is_not_served_stale(tmp_path):
     dev = _tsv(tmp_path / "dev.tsv", GOOD)
     cfg = compose_config("finetune", ["model=tiny-bert", "task=csv", f"task.train_file={train}",
                                       f"task.validation_file={dev}", f"cache_dir={tmp_path / 'cache'}"])
-    first = prepare_data(cfg, tokenizer, contextlib.nullcontext)
+    first = prepare_data(cfg, family_for("classification"), tokenizer, contextlib.nullcontext)
     # A file of the same size with other text and labels, put in place with the old mtime (as cp -p would).
     before = os.stat(train)
     other = _tsv(tmp_path / "other.tsv", [GOOD[0], "a fine case\tneg", "the wires fried\tpos", *GOOD[3:]])
@@ -272,7 +274,7 @@ def test_rewrite_keeping_mtime_and_size_is_not_served_stale(tmp_path):
     shutil.copyfile(other, train)
     os.utime(train, ns=(before.st_atime_ns, before.st_mtime_ns))
     assert (os.stat(train).st_mtime_ns, os.stat(train).st_size) == (before.st_mtime_ns, before.st_size)
-    second = prepare_data(cfg, tokenizer, contextlib.nullcontext)
+    second = prepare_data(cfg, family_for("classification"), tokenizer, contextlib.nullcontext)
     assert second.cache_path != first.cache_path
     assert second.train["labels"][:2] == [0, 1] and first.train["labels"][:2] == [1, 0]
     assert "wires" in tokenizer.decode(second.train[1]["input_ids"])
@@ -384,7 +386,7 @@ def test_every_schema_field_has_its_range_checked_somewhere():
 def test_defaults_and_shipped_task_configs_pass_the_range_checks():
     for task in ("demo", "sst2", "stsb", "conll2003", "squad", "squad_v2"):
         cfg = compose_config("finetune", [f"task={task}"])
-        from ampft.config import range_problems
+        from ampft.validation import range_problems
 
         assert range_problems(cfg) == [], task
 

@@ -317,7 +317,7 @@ def test_fsdp_fp16_an_overflow_on_one_rank_is_skipped_by_every_rank(tmp_path):
     one shard must make every rank skip the step (torch's DTensor all-reduces the scaler's found-inf flag) or
     the shards drift apart. Rank 1 alone gets an inf at the 3rd step; rank 0, the one that logs, skips it too."""
     from ampft import launch
-    from ampft.config import validate
+    from ampft.validation import validate
 
     run_dir = tmp_path / "run"
     overrides = [*TINY, *NO_DROPOUT, "precision=fp16", "distributed=fsdp", "distributed.num_processes=2",

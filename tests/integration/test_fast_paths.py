@@ -27,10 +27,11 @@ def _evaluations(compose, overrides: list[str]) -> list[tuple[dict, list[int]]]:
         for grouped in (True, False):
             cfg = compose(["model=tiny-bert", "trainer.batch_size=8", f"trainer.group_by_length={grouped}",
                            *overrides])
-            tok = tasks.family_for(cfg.task.family).adapt_tokenizer(load_tokenizer(cfg.model))
-            data = prepare_data(cfg, tok, contextlib.nullcontext)
+            family = tasks.family_for(cfg.task.family)
+            tok = family.adapt_tokenizer(load_tokenizer(cfg.model))
+            data = prepare_data(cfg, family, tok, contextlib.nullcontext)
             torch.manual_seed(0)
-            model = build_model(cfg.model, tok, data.labels, cfg.task.family).eval()
+            model = build_model(cfg.model, tok, data.labels, family).eval()
             dl = eval_dataloader(cfg, data, data.validation, tok, accelerator.device, model)
             results = tasks.evaluate(accelerator, model, data, {"validation": dl}, cfg.task)
             out.append((results, data.validation["length"]))

@@ -61,7 +61,8 @@ def test_tiny_bert_trains_and_exports(tiny, tmp_path, precision):
 def test_export_matches_final_eval(tiny, tmp_path):
     """The exported weights are the trained ones: re-evaluating them gives the run's final accuracy."""
     from ampft.data import prepare_data
-    from ampft.evaluation import compute
+    from ampft.tasks import family_for
+    from ampft.tasks.classification.metrics import compute
 
     cfg = tiny("trainer.max_steps=40")
     summary = run(cfg, tmp_path)
@@ -69,7 +70,7 @@ def test_export_matches_final_eval(tiny, tmp_path):
     tok = AutoTokenizer.from_pretrained(tmp_path / "model")
     import contextlib
 
-    data = prepare_data(cfg, tok, contextlib.nullcontext)
+    data = prepare_data(cfg, family_for("classification"), tok, contextlib.nullcontext)
     val = data.validation
     with torch.inference_mode():
         preds = []

@@ -22,7 +22,7 @@ def _make(*args: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
 def test_every_paper_recipe_names_its_published_scores_among_its_results(experiment):
-    from ampft.config import metric_keys
+    from ampft.validation import metric_keys
 
     cfg = compose_config("finetune", [f"experiment={experiment}"])
     assert cfg.published.source and cfg.published.split and cfg.published.scores

@@ -19,12 +19,13 @@ from accelerate import Accelerator
 from omegaconf import OmegaConf
 
 from ampft import tasks
-from ampft.config import validate
 from ampft.data import build_dataloaders, prepare_data
 from ampft.evaluation.saved import evaluate_saved
 from ampft.finetune import reset_accelerate, run
 from ampft.models import build_model, load_tokenizer, resolve_path
-from ampft.tasks.qa import Squad, read_squad
+from ampft.tasks.question_answering.squad import read_squad
+from ampft.tasks.question_answering.squad_metric import Squad
+from ampft.validation import validate
 from tests.conftest import CONF, shared
 
 CONLL_TAGS = ["O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC"]
@@ -179,7 +180,7 @@ def test_local_glue_tsv_pairs_with_string_labels(compose, tmp_path):
     cfg = compose(["model=tiny-bert", "task=rte", f"task.train_file={rte / 'train.tsv'}",
                    f"task.validation_file={rte / 'dev.tsv'}", f"cache_dir={tmp_path}"])
     tok = load_tokenizer(cfg.model)
-    data = prepare_data(cfg, tok, contextlib.nullcontext)
+    data = prepare_data(cfg, tasks.family_for("classification"), tok, contextlib.nullcontext)
     assert (len(data.train), len(data.validation)) == (2127, 277)
     assert data.labels == ["entailment", "not_entailment"]  # the config's order; the file has strings
     assert sorted(set(data.validation["labels"])) == [0, 1] and sum(data.validation["labels"]) == 131
@@ -197,7 +198,8 @@ def test_ner_data_problems_are_named(compose, tmp_path):
     def load(path, *overrides):
         cfg = compose(["model=tiny-bert", "task=conll2003", f"task.train_file={path}", f"task.validation_file={path}",
                        f"cache_dir={tmp_path}", *overrides])
-        return prepare_data(cfg, load_tokenizer(cfg.model), contextlib.nullcontext)
+        return prepare_data(cfg, tasks.family_for("token_classification"), load_tokenizer(cfg.model),
+                            contextlib.nullcontext)
 
     with pytest.raises(DataError, match=r"tag 'B-DATE' is not in the label list .*set task.labels"):
         load(unknown)
@@ -318,8 +320,8 @@ def test_every_model_config_works_with_every_task_family(compose, model, family_
             tok = tasks.family_for(family).adapt_tokenizer(load_tokenizer(cfg.model))
             if model == BPE:  # words given one by one need their word-start marker
                 assert tok.add_prefix_space == (family == "token_classification")
-            data = prepare_data(cfg, tok, contextlib.nullcontext)
-            net = build_model(cfg.model, tok, data.labels, cfg.task.family)
+            data = prepare_data(cfg, tasks.family_for(family), tok, contextlib.nullcontext)
+            net = build_model(cfg.model, tok, data.labels, data.family)
             train_dl, eval_dl = build_dataloaders(cfg, data, tok, torch.device("cpu"), model=net)
             batch = next(iter(train_dl))
             if model == "distilbert" or net.config.type_vocab_size < 2:  # no segment embeddings

@@ -10,16 +10,15 @@ import numpy as np
 import pytest
 import torch
 
-from ampft.tasks.ner import (
+from ampft.tasks.token_classification.conll import (
     IGNORE_INDEX,
-    Seqeval,
     encode_tags,
-    entities,
     label_list,
     predictions_to_tags,
     read_conll,
     tokenize_and_align,
 )
+from ampft.tasks.token_classification.seqeval import Seqeval, entities
 from tests.conftest import shared
 
 LABELS = ["O", "B-LOC", "B-MISC", "B-ORG", "B-PER", "I-LOC", "I-MISC", "I-ORG", "I-PER"]

@@ -11,15 +11,13 @@ import numpy as np
 import pytest
 import torch
 
-from ampft.tasks.qa import (
-    Squad,
-    SquadV2,
-    normalize_answer,
+from ampft.tasks.question_answering.squad import (
     postprocess,
     prepare_eval_features,
     prepare_train_features,
     read_squad,
 )
+from ampft.tasks.question_answering.squad_metric import Squad, SquadV2, normalize_answer
 from tests.conftest import shared
 
 MAX_LENGTH, STRIDE = 128, 32

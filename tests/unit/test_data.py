@@ -13,11 +13,12 @@ import pandas as pd
 import pytest
 import torch
 
-import ampft.data
 from ampft.data import LengthGroupedSampler, build_dataloaders, padding, prepare_data
 from ampft.data import demo as demo_module
 from ampft.data.demo import demo_splits
-from ampft.data.load import DataError, encode_labels, file_format, label_names, load_raw
+from ampft.data.load import DataError, file_format
+from ampft.tasks.classification import CLASSIFICATION
+from ampft.tasks.classification.data import encode_labels, label_names, load_raw
 from tests.conftest import compose_config, shared
 
 ROWS = pd.DataFrame({
@@ -364,7 +365,7 @@ def _cfg(compose, tmp_path, *overrides):
 
 def test_prepare_data_tokenizes_pairs_within_max_length(compose, tmp_path, tokenizer):
     cfg = _cfg(compose, tmp_path, "task.max_length=16")
-    data = prepare_data(cfg, tokenizer, contextlib.nullcontext)
+    data = prepare_data(cfg, CLASSIFICATION, tokenizer, contextlib.nullcontext)
     assert data.labels == ["neg", "pos"]
     assert data.cache_path.parent == tmp_path / "cache" / "tokenized"
     assert data.cache_path.name.startswith("csv-")
@@ -383,14 +384,14 @@ def test_prepare_data_tokenizes_pairs_within_max_length(compose, tmp_path, token
 
 def test_second_prepare_is_served_from_the_disk_cache(compose, tmp_path, tokenizer, monkeypatch):
     cfg = _cfg(compose, tmp_path)
-    first = prepare_data(cfg, tokenizer, contextlib.nullcontext)
+    first = prepare_data(cfg, CLASSIFICATION, tokenizer, contextlib.nullcontext)
     assert first.cache_path.is_dir()
 
     def no_tokenizing(*args, **kwargs):
         raise AssertionError("tokenized again although the cache was there")
 
-    monkeypatch.setattr(ampft.data, "_tokenize", no_tokenizing)
-    second = prepare_data(_cfg(compose, tmp_path), tokenizer, contextlib.nullcontext)
+    monkeypatch.setattr(CLASSIFICATION, "tokenize", no_tokenizing)
+    second = prepare_data(_cfg(compose, tmp_path), CLASSIFICATION, tokenizer, contextlib.nullcontext)
     assert second.cache_path == first.cache_path
     assert second.labels == first.labels
     assert second.train[:] == first.train[:]
@@ -399,15 +400,15 @@ def test_second_prepare_is_served_from_the_disk_cache(compose, tmp_path, tokeniz
 
 
 def test_cache_key_changes_with_max_length_and_with_the_data(compose, tmp_path, tokenizer):
-    base = prepare_data(_cfg(compose, tmp_path, "task.max_length=64"), tokenizer, contextlib.nullcontext)
-    shorter = prepare_data(_cfg(compose, tmp_path, "task.max_length=8"), tokenizer, contextlib.nullcontext)
+    base = prepare_data(_cfg(compose, tmp_path, "task.max_length=64"), CLASSIFICATION, tokenizer, contextlib.nullcontext)
+    shorter = prepare_data(_cfg(compose, tmp_path, "task.max_length=8"), CLASSIFICATION, tokenizer, contextlib.nullcontext)
     assert shorter.cache_path != base.cache_path
     assert max(shorter.train["length"]) == 8 < max(base.train["length"])
     # Rewriting the train file with other text must not reuse the old tokenization.
     cfg = _cfg(compose, tmp_path, "task.max_length=64")
     train = Path(cfg.task.train_file)
     train.write_text(train.read_text().replace("battery", "keyboard"))
-    edited = prepare_data(cfg, tokenizer, contextlib.nullcontext)
+    edited = prepare_data(cfg, CLASSIFICATION, tokenizer, contextlib.nullcontext)
     assert edited.cache_path != base.cache_path
     assert "keyboard" in tokenizer.decode(edited.train[1]["input_ids"])
 
@@ -415,11 +416,11 @@ def test_cache_key_changes_with_max_length_and_with_the_data(compose, tmp_path, 
 def test_demo_task_is_cached_too(compose, tmp_path, tokenizer, monkeypatch):
     cfg = compose(["model=tiny-bert", "task=demo", "task.max_train_samples=64", "task.max_eval_samples=32",
                    f"cache_dir={tmp_path / 'cache'}"])
-    first = prepare_data(cfg, tokenizer, contextlib.nullcontext)
+    first = prepare_data(cfg, CLASSIFICATION, tokenizer, contextlib.nullcontext)
     assert first.labels == ["negative", "positive"]
     assert (len(first.train), len(first.validation)) == (64, 32)
-    monkeypatch.setattr(ampft.data, "_tokenize", lambda *a, **k: pytest.fail("demo tokenized twice"))
-    assert prepare_data(cfg, tokenizer, contextlib.nullcontext).cache_path == first.cache_path
+    monkeypatch.setattr(CLASSIFICATION, "tokenize", lambda *a, **k: pytest.fail("demo tokenized twice"))
+    assert prepare_data(cfg, CLASSIFICATION, tokenizer, contextlib.nullcontext).cache_path == first.cache_path
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -428,7 +429,7 @@ def test_demo_task_is_cached_too(compose, tmp_path, tokenizer, monkeypatch):
 
 def _loaders(compose, tmp_path, tokenizer, *overrides):
     cfg = _cfg(compose, tmp_path, "task.max_length=64", "trainer.batch_size=4", *overrides)
-    data = prepare_data(cfg, tokenizer, contextlib.nullcontext)
+    data = prepare_data(cfg, CLASSIFICATION, tokenizer, contextlib.nullcontext)
     return cfg, data, *build_dataloaders(cfg, data, tokenizer, torch.device("cpu"))
 
 

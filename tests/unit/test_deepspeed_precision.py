@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from ampft.config import ConfigError, validate
+from ampft.config import ConfigError
 from ampft.precision import deepspeed_mode, deepspeed_section
+from ampft.validation import validate
 
 
 def test_fp16_section_from_the_loss_scaling_keys(compose):

@@ -13,10 +13,12 @@ from pathlib import Path
 import datasets
 import pytest
 
-from ampft.config import ConfigError, validate
-from ampft.data.load import DataError, positive_label
+from ampft.config import ConfigError
+from ampft.data.load import DataError
 from ampft.finetune import run
 from ampft.tasks import family_for
+from ampft.tasks.classification.data import positive_label
+from ampft.validation import validate
 from tests.conftest import CONF, ROOT, TINY, compose_config, shared
 
 GLUE = ["cola", "sst2", "mrpc", "qqp", "stsb", "mnli", "qnli", "rte", "wnli"]
@@ -167,7 +169,7 @@ def test_binary_f1_scores_the_positive_label_as_scikit_learn_does(glue_data, tmp
     it and without a label named 1/true/positive, f1 is refused with the key to set."""
     from sklearn.metrics import f1_score
 
-    from ampft.evaluation.metrics import compute
+    from ampft.tasks.classification.metrics import compute
 
     refs, preds = [0, 0, 0, 1, 1, 0, 1], [0, 1, 0, 1, 0, 0, 0]
     for positive in (0, 1):

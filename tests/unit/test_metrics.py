@@ -10,7 +10,7 @@ import evaluate
 import numpy as np
 import pytest
 
-from ampft.evaluation.metrics import (
+from ampft.tasks.classification.metrics import (
     F1,
     METRICS,
     Accuracy,

@@ -16,6 +16,7 @@ from ampft.models import (
     load_tokenizer,
     resolve_path,
 )
+from ampft.tasks.classification import CLASSIFICATION, REGRESSION
 
 
 def test_pkg_path_resolves_to_the_installed_wheel():
@@ -54,7 +55,7 @@ def test_random_init_builds_the_real_architecture_offline(compose, name, layers,
 def test_pretrained_minilm_loads_real_weights(compose):
     cfg = compose()
     tok = load_tokenizer(cfg.model)
-    model = build_model(cfg.model, tok, ["negative", "positive"])
+    model = build_model(cfg.model, tok, ["negative", "positive"], CLASSIFICATION)
     assert model.config.num_hidden_layers == 6 and model.config.hidden_size == 384
     assert model.config.id2label == {0: "negative", 1: "positive"}
     # Pretrained, not random: the word embeddings of related words are close.
@@ -67,7 +68,7 @@ def test_pretrained_minilm_loads_real_weights(compose):
 
 def test_regression_head(compose):
     cfg = compose(["model=tiny-bert"])
-    model = build_model(cfg.model, load_tokenizer(cfg.model), None)
+    model = build_model(cfg.model, load_tokenizer(cfg.model), None, REGRESSION)
     assert model.config.num_labels == 1 and model.config.problem_type == "regression"
 
 
@@ -76,7 +77,7 @@ def test_attention_auto_is_sdpa_on_cpu_and_explicit_choices_stay(compose):
     assert attention_implementation("eager", "bf16", torch.device("cpu")) == "eager"
     cfg = compose(["model=tiny-bert"])
     assert cfg.model.attn_implementation == "auto"
-    model = build_model(cfg.model, load_tokenizer(cfg.model), ["a", "b"], precision="bf16")
+    model = build_model(cfg.model, load_tokenizer(cfg.model), ["a", "b"], CLASSIFICATION, precision="bf16")
     assert model.config._attn_implementation == "sdpa"
 
 

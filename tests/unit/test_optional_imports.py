@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 from ampft.config import ConfigError
-from ampft.evaluation import metrics
 from ampft.extras import MissingExtraError, require
+from ampft.tasks.classification import metrics
 from tests.conftest import ROOT
 
 # What the extras install: absent from the environment the subprocess below sees.
@@ -42,7 +42,7 @@ for recipe in sorted(Path(ROOT, "recipes").glob("*.py")):  # each recipe module'
 out = {"loaded": sorted(m for m in ("scipy", "sklearn", "matplotlib", "tensorboard") if m in sys.modules)}
 
 from ampft.config import ConfigError
-from ampft.evaluation import metrics
+from ampft.tasks.classification import metrics
 from ampft.extras import MissingExtraError
 out["accuracy"] = metrics.compute(["accuracy"], [1, 0, 1, 1], [1, 1, 1, 1])["accuracy"]
 def error(fn, *args, **kwargs):

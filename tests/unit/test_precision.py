@@ -10,7 +10,7 @@ from accelerate import Accelerator
 from accelerate.state import AcceleratorState, GradientState
 
 from ampft import precision
-from ampft.config import validate
+from ampft.validation import validate
 
 
 @pytest.fixture(autouse=True)

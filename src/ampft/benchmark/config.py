@@ -16,7 +16,9 @@ from pathlib import Path
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig
 
-from ampft.config import ConfigError, validate
+from ampft.config import ConfigError
+from ampft.models import ModelLoadError, check_loadable
+from ampft.validation import validate
 
 CONF_DIR = Path(__file__).resolve().parents[3] / "conf"
 
@@ -124,7 +126,7 @@ def compose_arm(overrides: list[str], where: str, problems: list[str], conf_dir:
 
 
 def validation_problems(cfg: DictConfig, where: str) -> list[str]:
-    """`ampft.config.validate`'s problems with the config, each prefixed by `where`."""
+    """`ampft.validation.validate`'s problems with the config, each prefixed by `where`."""
     try:
         validate(cfg)
     except ConfigError as exc:
@@ -136,8 +138,6 @@ def loadability_problems(cfg: DictConfig, where: str) -> list[str]:
     """A pretrained model that cannot be loaded here (a Hub name offline), found before anything runs."""
     if not cfg.model.pretrained:
         return []
-    from ampft.models import ModelLoadError, check_loadable
-
     try:
         check_loadable(cfg.model.name_or_path, f"model {cfg.model.name}", "model.name_or_path")
     except ModelLoadError as exc:
@@ -167,8 +167,6 @@ def compose_finetune(overrides: list[str], conf_dir: Path = CONF_DIR) -> DictCon
     used; otherwise (tests, notebooks) conf_dir is."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
-
-    import ampft.config  # noqa: F401  (registers finetune_schema)
 
     if GlobalHydra.instance().is_initialized():
         return compose(config_name="finetune", overrides=list(overrides))

@@ -1,6 +1,7 @@
 """Shared data module: raw splits → labels → cached tokenization → dataloaders, for every task family.
 
-What differs per family (file formats, labels, features, collator) is asked of `ampft.tasks.family_for`.
+What differs per family (file formats, labels, features, collator) is asked of the task family object
+(`ampft.tasks`), which the caller resolves once and passes in; `TaskData` carries it on.
 Tokenization runs once per (tokenizer, task, length and family settings, data) and is kept on disk under
 `cfg.cache_dir`; a second run of the same recipe loads it in well under a second.
 
@@ -21,6 +22,7 @@ import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -29,10 +31,12 @@ from omegaconf import DictConfig
 from torch.utils.data import DataLoader, RandomSampler, Sampler
 from transformers import PreTrainedTokenizerBase
 
-from ampft.config import Padding, Precision, TaskFamily, cache_root
+from ampft.config import Padding, Precision, cache_root
 from ampft.data import demo
 from ampft.data.load import DataError, file_digest
-from ampft.tasks import family_for
+
+if TYPE_CHECKING:  # the families import this package's loaders
+    from ampft.tasks.base import Family
 
 __all__ = ["DataError", "TaskData", "LengthGroupedSampler", "prepare_data", "build_dataloaders", "eval_dataloader",
            "padding", "num_workers"]
@@ -46,16 +50,17 @@ class TaskData:
     validation: Dataset
     labels: list[str] | None  # None for regression and question answering
     cache_path: Path
+    family: Family  # the task family that loaded, tokenizes, collates and evaluates this data
     extra: dict[str, Dataset] = field(default_factory=dict)  # features of the extra validation splits
     # The raw rows of each validation split ("validation" and the extra ones), which NER and QA score against.
     examples: dict[str, Dataset] = field(default_factory=dict)
 
 
-def _cache_key(raw: DatasetDict, task: DictConfig, tokenizer: PreTrainedTokenizerBase, labels) -> str:
+def _cache_key(raw: DatasetDict, task: DictConfig, family: Family, tokenizer: PreTrainedTokenizerBase, labels) -> str:
     key = dict(
         tokenizer=[type(tokenizer).__name__, tokenizer.name_or_path, len(tokenizer), tokenizer.padding_side,
                    getattr(tokenizer, "add_prefix_space", None)],
-        family=[TaskFamily(task.family).value, family_for(task.family).cache_settings(task)],
+        family=[family.name, family.cache_settings(task)],
         text_fields=list(task.text_fields),
         max_length=task.max_length,
         labels=labels,
@@ -68,20 +73,17 @@ def _cache_key(raw: DatasetDict, task: DictConfig, tokenizer: PreTrainedTokenize
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _tokenize(raw: DatasetDict, task: DictConfig, tokenizer: PreTrainedTokenizerBase, labels) -> DatasetDict:
-    return family_for(task.family).tokenize(raw, task, tokenizer, labels)
-
-
-def prepare_data(cfg: DictConfig, tokenizer: PreTrainedTokenizerBase, main_process_first) -> TaskData:
-    """Load, label and tokenize the task's splits; the main process does it first and caches it."""
+def prepare_data(cfg: DictConfig, family: Family, tokenizer: PreTrainedTokenizerBase, main_process_first) -> TaskData:
+    """Load, label and tokenize the task's splits with `family` (`ampft.tasks.family_for(cfg.task.family)`);
+    the main process does it first and caches it."""
     task = cfg.task
     with main_process_first():
-        raw, labels = family_for(task.family).load(task)
-        path = cache_root(cfg) / "tokenized" / f"{task.name}-{_cache_key(raw, task, tokenizer, labels)}"
+        raw, labels = family.load(task)
+        path = cache_root(cfg) / "tokenized" / f"{task.name}-{_cache_key(raw, task, family, tokenizer, labels)}"
         if path.is_dir():
             log.info("tokenized %s loaded from cache %s", task.name, path)
         else:
-            tokenized = _tokenize(raw, task, tokenizer, labels)
+            tokenized = family.tokenize(raw, task, tokenizer, labels)
             tmp = path.with_name(path.name + f".tmp{os.getpid()}")
             tokenized.save_to_disk(str(tmp))
             try:
@@ -93,14 +95,14 @@ def prepare_data(cfg: DictConfig, tokenizer: PreTrainedTokenizerBase, main_proce
     features = {s: tokenized[s] for s in raw if s != "train"}
     examples = {s: raw[s] for s in raw if s != "train"}
     if cfg.trainer.group_by_length:  # evaluate in length order: little padding in the larger eval batches
-        aligned = family_for(task.family).one_feature_per_example
+        aligned = family.one_feature_per_example
         for s, ds in features.items():
             order = length_order(ds["length"][:])
             features[s] = ds.select(order)
             if aligned:  # features[i] scores against examples[i] (QA matches windows by example id instead)
                 examples[s] = examples[s].select(order)
     extra = {s: ds for s, ds in features.items() if s != "validation"}
-    return TaskData(tokenized["train"], features["validation"], labels, path, extra, examples=examples)
+    return TaskData(tokenized["train"], features["validation"], labels, path, family, extra, examples=examples)
 
 
 def length_order(lengths: list[int]) -> list[int]:
@@ -184,7 +186,7 @@ def num_workers(cfg: DictConfig, device: torch.device) -> int:
 
 
 def _loader_parts(cfg: DictConfig, data: TaskData, tokenizer: PreTrainedTokenizerBase, model):
-    family = family_for(cfg.task.family)
+    family = data.family
     return (family.collator(tokenizer, **padding(cfg, tokenizer)),
             model_columns(family.model_inputs, data.train.column_names, model))
 

@@ -1,7 +1,6 @@
-"""Raw splits for a task: a Hub dataset, local files (by extension), or the built-in demo task.
-
-Everything returned has the columns the task config names, checked here with errors that say which
-column is missing and which ones exist, and labels already mapped to ids (or floats for regression).
+"""Raw splits for a task, shared by every task family: a Hub dataset, local files (each read by the family's
+reader, csv/tsv/json(l)/parquet by default, checked line by line), or the built-in demo task; extra
+validation splits and sample limits. What the columns mean (labels, tags, answers) is the family's.
 """
 
 from __future__ import annotations
@@ -11,17 +10,15 @@ import functools
 import hashlib
 import json
 import logging
-import math
 import os
 import re
-from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
-from datasets import ClassLabel, Dataset, DatasetDict, load_dataset
+from datasets import Dataset, DatasetDict, load_dataset
 from omegaconf import DictConfig
 
-from ampft.config import TaskFamily
+from ampft.data.demo import demo_splits
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +48,7 @@ def extra_split_names(task: DictConfig) -> list[str]:
     return [re.sub(r"[^\w.]", "_", Path(p).stem) for p in task.extra_validation_splits]
 
 
-def _load_file(path: str, split: str, column_names: list[str] | None = None) -> Dataset:
+def load_file(path: str, split: str, column_names: list[str] | None = None) -> Dataset:
     """One split from one file; each file is read on its own terms (format, delimiter, columns).
     `column_names`: the file (csv/tsv) has no header row, these name its columns."""
     check_rows(path, split, column_names)
@@ -201,7 +198,7 @@ def _load_hub(task: DictConfig) -> DatasetDict:
     return out
 
 
-def load_splits(task: DictConfig, read_file: Callable[[str, str], Dataset] = _load_file) -> DatasetDict:
+def load_splits(task: DictConfig, read_file: Callable[[str, str], Dataset] = load_file) -> DatasetDict:
     """train, validation and the extra validation splits: local files (each read by `read_file(path, split)`),
     a Hub dataset, or the demo task; task.max_train_samples/max_eval_samples applied."""
     if task.train_file is not None:
@@ -209,8 +206,6 @@ def load_splits(task: DictConfig, read_file: Callable[[str, str], Dataset] = _lo
     elif task.dataset is not None:
         raw = _load_hub(task)
     elif task.name == "demo":
-        from ampft.data.demo import demo_splits
-
         raw = demo_splits()
     else:
         raise DataError(f"task={task.name}: set task.train_file/validation_file or task.dataset")
@@ -219,168 +214,3 @@ def load_splits(task: DictConfig, read_file: Callable[[str, str], Dataset] = _lo
         if limit is not None and len(raw[split]) > limit:
             raw[split] = raw[split].select(range(limit))
     return raw
-
-
-def load_raw(task: DictConfig) -> DatasetDict:
-    """Sequence classification/regression splits, with the configured columns checked."""
-    names = None if task.column_names is None else [str(c) for c in task.column_names]
-    raw = load_splits(task, lambda path, split: _load_file(path, split, names))
-    _check_columns(raw, task)
-    check_labels(raw, task)
-    return raw
-
-
-def _check_columns(raw: DatasetDict, task: DictConfig) -> None:
-    for split, ds in raw.items():
-        if len(ds) == 0:
-            raise DataError(f"task={task.name}: the {split} split is empty")
-        wanted = [*task.text_fields, task.label_column]
-        missing = [c for c in wanted if c not in ds.column_names]
-        if missing:
-            raise DataError(
-                f"task={task.name}: column(s) {missing} not in the {split} split, whose columns are "
-                f"{ds.column_names}. Set task.text_fields=[...] and task.label_column=... to match."
-            )
-
-
-def _path(task: DictConfig, split: str) -> str | None:
-    """The file a split was read from (None for Hub and demo data)."""
-    if task.train_file is None:
-        return None
-    paths = {"train": task.train_file, "validation": task.validation_file,
-             **dict(zip(extra_split_names(task), task.extra_validation_splits, strict=True))}
-    return paths[split]
-
-
-def _where(task: DictConfig, split: str) -> str:
-    """A split's source for messages: its file (local files) or the split name."""
-    path = _path(task, split)
-    return f"task={task.name}, {split} split" if path is None else f"{split_key(split)}={path}"
-
-
-def _rows(task: DictConfig, split: str, indices: list[int]) -> str:
-    """Rows by number from 1; the file line too for csv/tsv (one header line, no blank or multi-line rows)."""
-    shown = ", ".join(str(i + 1) for i in indices[:8]) + (", ..." if len(indices) > 8 else "")
-    path = _path(task, split)
-    lines = path is not None and Path(path).suffix.lower() in (".csv", ".tsv")
-    return f"row(s) {shown}" + (" (file line = row + 1, after the header)" if lines else "")
-
-
-def _is_blank(v) -> bool:
-    return v is None or (isinstance(v, str) and not v.strip())
-
-
-def check_labels(raw: DatasetDict, task: DictConfig) -> None:
-    """Empty labels (and non-numbers for regression) are errors naming the file and rows; a label set that
-    looks like a mistake (integer-like names mixed with words, a class far rarer than the others) is logged
-    as a warning with the counts. An empty csv cell would otherwise become a class '' and `0,1,neg,pos` four
-    classes, silently."""
-    col = task.label_column
-    for split, ds in raw.items():
-        if isinstance(ds.features[col], ClassLabel):
-            continue  # ids into names already (a Hub dataset); -1 marks an unlabelled test row
-        values = ds[col]
-        blank = [i for i, v in enumerate(values) if _is_blank(v)]
-        if blank:
-            raise DataError(f"{_where(task, split)}: {len(blank)} empty label(s) in column {col!r}, "
-                            f"{_rows(task, split, blank)}. Fill them in or remove those rows.")
-        if task.family == TaskFamily.regression:
-            bad = [i for i, v in enumerate(values) if not _is_number(v)]
-            if bad:
-                raise DataError(f"{_where(task, split)}: label column {col!r} of a regression task has non-numbers (or nan/inf) "
-                                f"{sorted({str(values[i]) for i in bad})[:5]} in {_rows(task, split, bad)}; "
-                                "use numbers, or task.family=classification for class labels")
-    train = raw["train"]
-    if task.family != TaskFamily.classification or task.labels is not None or isinstance(train.features[col],
-                                                                                         ClassLabel):
-        return
-    counts = Counter(str(v) for v in train[col])
-    shown = dict(sorted(counts.items()))
-    integer = [v for v in counts if re.fullmatch(r"[+-]?\d+", v.strip())]
-    if integer and len(integer) < len(counts):
-        log.warning("%s: labels mix integer-like and word values %s (counts): %d classes. If these are two "
-                    "spellings of the same classes, fix the file; set task.labels=[...] to silence this.",
-                    _where(task, "train"), shown, len(counts))
-    largest = max(counts.values())
-    rare = {v: n for v, n in counts.items() if n < max(2, 0.01 * largest)}
-    if rare and len(counts) > 1:
-        log.warning("%s: label(s) %s have very few examples next to the largest class (%d); label counts %s. "
-                    "A typo in a label column makes a class of its own: check them, or set task.labels=[...] to "
-                    "silence this.", _where(task, "train"), sorted(rare), largest, shown)
-
-
-def _is_number(v) -> bool:
-    if isinstance(v, bool):
-        return False
-    try:
-        return math.isfinite(float(v))
-    except (TypeError, ValueError):
-        return False
-
-
-def label_names(raw: DatasetDict, task: DictConfig) -> list[str] | None:
-    """Label names in id order (None for regression): config, ClassLabel names, or sorted values."""
-    if task.family == TaskFamily.regression:
-        return None
-    if task.labels is not None:
-        return [str(x) for x in task.labels]
-    feature = raw["train"].features[task.label_column]
-    if isinstance(feature, ClassLabel):
-        return list(feature.names)
-    values = sorted({v for v in raw["train"][task.label_column] if v is not None})
-    return [str(v) for v in values]
-
-
-POSITIVE_NAMES = ("1", "true", "positive", "pos", "yes")  # tried in order when task.positive_label is null
-
-
-def positive_label(task: DictConfig, labels: list[str] | None) -> str | None:
-    """The class binary F1 scores: task.positive_label, else the label named 1, true, positive, pos or yes (any case);
-    None when the task does not have exactly two labels. Raises DataError when F1 is asked for and neither
-    names one of the two labels."""
-    if task.family != TaskFamily.classification or labels is None or len(labels) != 2:
-        return None
-    if task.positive_label is not None:
-        if str(task.positive_label) not in labels:
-            raise DataError(f"task.positive_label={task.positive_label} is not one of the task's labels {labels}: "
-                            f"set it to the class binary F1 should score, e.g. task.positive_label={labels[1]}")
-        return str(task.positive_label)
-    for name in POSITIVE_NAMES:
-        found = [x for x in labels if x.lower() == name]
-        if found:
-            return found[0]
-    if "f1" in task.metrics:
-        raise DataError(f"task={task.name}: task.metrics has f1, and with the labels {labels} it is not clear which "
-                        f"class binary F1 should score: set task.positive_label={labels[0]} or "
-                        f"task.positive_label={labels[1]}")
-    return None
-
-
-def encode_labels(raw: DatasetDict, task: DictConfig, labels: list[str] | None) -> DatasetDict:
-    """Add `labels`: ids into `labels` (by name, or integer ids already in range), floats for regression."""
-    col = task.label_column
-    if labels is None:
-        return raw.map(lambda b: {"labels": [float(v) for v in b[col]]}, batched=True)
-    label2id = {name: i for i, name in enumerate(labels)}
-    out = {}
-    for split, ds in raw.items():
-        feature = ds.features[col]
-        values = set(ds.unique(col))
-        if isinstance(feature, ClassLabel):
-            values = {feature.int2str(v) for v in values if v >= 0} | {v for v in values if v < 0}
-        if {str(v) for v in values} <= set(label2id):
-            def to_id(v, feature=feature):
-                return label2id[feature.int2str(v) if isinstance(feature, ClassLabel) else str(v)]
-        elif all(isinstance(v, int) and 0 <= v < len(labels) for v in values):
-            def to_id(v):
-                return v
-        else:
-            in_range = all(isinstance(v, int) for v in values)
-            unknown = sorted(str(v) for v in values
-                             if (not 0 <= v < len(labels) if in_range else str(v) not in label2id))
-            raise DataError(
-                f"task={task.name}: the {split} split has labels {unknown[:10]} outside the label set "
-                f"{labels}. Fix the data, or set task.labels=[...] to the full label list in id order."
-            )
-        out[split] = ds.map(lambda b, f=to_id: {"labels": [f(v) for v in b[col]]}, batched=True)
-    return DatasetDict(out)

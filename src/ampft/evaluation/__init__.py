@@ -1,5 +1,6 @@
 """Distributed-safe evaluation: every rank predicts its shard, `gather_for_metrics` drops the padding
-Accelerate adds to even out the last batch, so each example is counted exactly once.
+Accelerate adds to even out the last batch, so each example is counted exactly once. Every task family's
+`evaluate` runs `predict`; what it picks from the outputs and how it scores them is the family's.
 
 Evaluation losses are computed per example (per token for NER) and gathered like the predictions, then
 averaged over the split: the same number whatever the evaluation batch size and the number of ranks (a mean
@@ -14,9 +15,7 @@ import torch
 from accelerate import Accelerator
 from torch.utils.data import DataLoader
 
-from ampft.evaluation.metrics import compute, load_metric
-
-__all__ = ["evaluate_model", "predict", "compute", "load_metric"]
+__all__ = ["predict"]
 
 
 @torch.inference_mode()
@@ -38,31 +37,3 @@ def predict(accelerator: Accelerator, model, dataloader: DataLoader,
         return gathered
     finally:
         model.train(was_training)
-
-
-def example_losses(logits: torch.Tensor, labels: torch.Tensor, regression: bool) -> torch.Tensor:
-    """Each example's loss as the model's own loss computes it for the batch (mean squared error for one
-    regression output, cross-entropy otherwise), unreduced."""
-    logits = logits.float()
-    if regression:
-        return (logits.squeeze(-1) - labels.float()) ** 2
-    return torch.nn.functional.cross_entropy(logits, labels, reduction="none")
-
-
-def evaluate_model(accelerator: Accelerator, model, dataloader: DataLoader, metrics: list[str],
-                   num_labels: int | None, positive: int = 1) -> dict[str, float]:
-    """Metrics by name, plus `loss` (mean over examples) and `samples`; num_labels None: regression.
-    `positive`: the label id binary F1 scores (two labels)."""
-    regression = num_labels is None
-
-    def outputs(batch, out):
-        logits = out.logits.float()
-        pred = logits.squeeze(-1) if regression else logits.argmax(dim=-1)
-        return pred, batch["labels"], example_losses(logits, batch["labels"], regression)
-
-    preds, refs, losses = (torch.cat(parts) for parts in predict(accelerator, model, dataloader, outputs))
-    predictions, references = preds.numpy(), refs.numpy()
-    results = compute(metrics, predictions, references, num_labels, positive)
-    results["loss"] = float(losses.mean())
-    results["samples"] = len(references)
-    return results

@@ -20,11 +20,8 @@ from safetensors.torch import load_file
 from transformers import AutoConfig, AutoTokenizer
 
 from ampft import checkpointing, precision, tasks
-from ampft.config import ConfigError, FinetuneConfig, TaskFamily
+from ampft.config import ConfigError, FinetuneConfig
 from ampft.data import eval_dataloader, prepare_data
-from ampft.data.load import positive_label
-from ampft.evaluation.metrics import check_installed
-from ampft.models import MODEL_CLASSES
 
 log = logging.getLogger(__name__)
 
@@ -72,11 +69,9 @@ def evaluate_saved(e: DictConfig) -> dict[str, Any]:
     cfg = OmegaConf.merge(OmegaConf.structured(FinetuneConfig), OmegaConf.load(cfg_path))
     model_config = AutoConfig.from_pretrained(weights)
     task = cfg.task
-    family = TaskFamily(task.family)
-    if family != TaskFamily.question_answering:  # QA has no labels: its outputs are span positions
-        labels = None if model_config.problem_type == "regression" else [
-            model_config.id2label[i] for i in range(model_config.num_labels)]
-        task.labels = labels  # the ids the model was trained with, whatever the file's label order
+    family = tasks.family_for(task.family)
+    # The ids the model was trained with, whatever the file's label order (none for regression and QA).
+    task.labels = family.labels_from_model(model_config)
     if e.file is not None:  # all of it; the run's sample limits apply to the run's own splits only
         task.train_file = task.validation_file = e.file
         task.max_train_samples = task.max_eval_samples = None
@@ -84,8 +79,7 @@ def evaluate_saved(e: DictConfig) -> dict[str, Any]:
         raise EvaluationError(f"split={e.split}: use split=validation or split=train (or file=PATH)")
     if e.file is not None or e.split == "train":
         task.extra_validation_splits = []  # one split is asked for
-    sequence = family in (TaskFamily.classification, TaskFamily.regression)
-    if e.split == "train" and e.file is None and not sequence:
+    if e.split == "train" and e.file is None and not family.evaluates_train_features:
         # NER and QA build evaluation features (word ids, offsets) for validation splits: read the train
         # data as the validation split.
         if task.train_file is not None:
@@ -99,17 +93,17 @@ def evaluate_saved(e: DictConfig) -> dict[str, Any]:
         cfg.trainer.eval_batch_size = e.batch_size
 
     try:  # before loading anything
-        check_installed(task.metrics, key=f"{cfg_path}: task.metrics")
+        tasks.check_installed(task.metrics, key=f"{cfg_path}: task.metrics")
     except ConfigError as exc:
         raise EvaluationError(exc.problems[0]) from exc
     accelerator = Accelerator(**precision.accelerator_kwargs(cfg.precision), cpu=cfg.trainer.cpu)
     ran = precision.setup(accelerator, cfg.precision)
     tokenizer = AutoTokenizer.from_pretrained(weights if kind == "run" else run_dir / "tokenizer")
-    tokenizer = tasks.family_for(family).adapt_tokenizer(tokenizer)
-    data = prepare_data(cfg, tokenizer, accelerator.main_process_first)
-    if e.split == "train" and e.file is None and sequence:
+    tokenizer = family.adapt_tokenizer(tokenizer)
+    data = prepare_data(cfg, family, tokenizer, accelerator.main_process_first)
+    if e.split == "train" and e.file is None and family.evaluates_train_features:
         data = dataclasses.replace(data, validation=data.train)
-    auto = MODEL_CLASSES[family]
+    auto = family.model_class
     if kind == "run":
         model = auto.from_pretrained(weights)
     else:
@@ -129,7 +123,7 @@ def evaluate_saved(e: DictConfig) -> dict[str, Any]:
     labels = None if task.labels is None else [str(x) for x in task.labels]
     out = dict(name=name, source=str(weights), kind=kind, data=e.file or f"{task.name}:{e.split}", precision=ran,
                eval_batch_size=cfg.trainer.eval_batch_size, num_processes=accelerator.num_processes,
-               positive_label=positive_label(task, labels),
+               positive_label=family.positive_label(task, labels),
                metrics={k: v for k, v in results.items() if k != "samples"}, samples=results["samples"],
                seconds=time.perf_counter() - started)
     if accelerator.is_main_process:

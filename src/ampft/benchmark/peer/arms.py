@@ -51,8 +51,9 @@ def run_trainer(cfg: DictConfig, out_dir: Path) -> dict:
     tr, task, o, sch = cfg.trainer, cfg.task, cfg.optim, cfg.scheduler
     transformers.set_seed(tr.seed)  # as run_glue: before the model (the classifier's initialisation)
     tokenizer = load_tokenizer(cfg.model)
-    raw, labels = family_for(task.family).load(task)
-    model = build_model(cfg.model, tokenizer, labels, task.family, cfg.precision.name)
+    family = family_for(task.family)
+    raw, labels = family.load(task)
+    model = build_model(cfg.model, tokenizer, labels, family, cfg.precision.name)
     pad = tr.padding == Padding.max_length
     fields = list(task.text_fields)
 

@@ -18,7 +18,6 @@ from ampft.benchmark.config import (
     loadability_problems,
     validation_problems,
 )
-from ampft.config import TaskFamily
 
 
 class Runner(str, Enum):
@@ -87,7 +86,7 @@ def check(p: DictConfig, conf_dir: Path = CONF_DIR) -> dict[str, DictConfig]:
         cfg = compose_arm([*p.overrides, *p.extra, *arm.overrides], where, problems, conf_dir)
         if cfg is None:
             continue
-        if Runner(arm.runner) == Runner.trainer and TaskFamily(cfg.task.family) != TaskFamily.classification:
+        if Runner(arm.runner) == Runner.trainer and cfg.task.family != "classification":
             problems.append(f"{where}: the trainer runner is run_glue-style, sequence classification only")
         if invalid := validation_problems(cfg, where):
             problems.extend(invalid)

@@ -73,12 +73,13 @@ def epoch_flops(cfg: DictConfig) -> tuple[int, float]:
     from ampft.tasks.classification import texts
 
     tokenizer = load_tokenizer(cfg.model)
-    raw, labels = family_for(cfg.task.family).load(cfg.task)
+    family = family_for(cfg.task.family)
+    raw, labels = family.load(cfg.task)
     encoded = tokenizer(*texts(raw["train"], list(cfg.task.text_fields)), truncation=True,
                         max_length=cfg.task.max_length)
     lengths = [len(ids) for ids in encoded["input_ids"]]
     shape_only = OmegaConf.merge(cfg.model, {"pretrained": False})  # the parameter count, no weights needed
-    model = build_model(shape_only, tokenizer, labels, cfg.task.family)
+    model = build_model(shape_only, tokenizer, labels, family)
     return len(lengths), float(training_flops(model, lengths))
 
 

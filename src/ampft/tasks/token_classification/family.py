@@ -1,4 +1,5 @@
-"""Token classification (NER, CoNLL-2003 style): the `ner` library wired into the family interface.
+"""Token classification (NER, CoNLL-2003 style): `conll` (reader, sub-token alignment) and `seqeval` (entity
+scores) wired into the family interface, registered as task.family=token_classification.
 
 Data: a Hub dataset with a column of word lists (`task.text_fields=[tokens]`) and one of tag lists
 (`task.label_column=ner_tags`: ClassLabel ids, integer ids into `task.labels`, or tag strings), or local
@@ -17,12 +18,19 @@ from accelerate import Accelerator
 from datasets import ClassLabel, Dataset, DatasetDict
 from omegaconf import DictConfig
 from torch.utils.data import DataLoader
-from transformers import AutoTokenizer, DataCollatorForTokenClassification, PreTrainedTokenizerBase
+from transformers import (
+    AutoModelForTokenClassification,
+    AutoTokenizer,
+    DataCollatorForTokenClassification,
+    PreTrainedTokenizerBase,
+)
 
 from ampft.config import SeqevalMode, TagScheme
 from ampft.data.load import DataError, load_splits, split_key
 from ampft.evaluation import predict
-from ampft.tasks import Family, ner
+from ampft.tasks.base import Family, column_names_unread, register
+from ampft.tasks.token_classification import conll
+from ampft.tasks.token_classification.seqeval import Seqeval
 
 log = logging.getLogger(__name__)
 
@@ -30,8 +38,22 @@ EXTENSIONS = (".txt", ".conll")
 
 
 class TokenClassification(Family):
-    files = "CoNLL files: .txt or .conll, one token per line with its tag in another field, blank line between sentences"
+    name = "token_classification"
+    metrics = {"seqeval": ("f1", "precision", "recall", "accuracy")}  # in percent, as conlleval prints them
+    model_class = AutoModelForTokenClassification
     pipeline_tag = "token-classification"
+    model_inputs = ("input_ids", "attention_mask", "token_type_ids", "labels")
+    files = "CoNLL files: .txt or .conll, one token per line with its tag in another field, blank line between sentences"
+    one_feature_per_example = True
+    evaluates_train_features = False
+    scores_in_percent = True
+
+    def check(self, task: DictConfig, files: list[tuple[str, str]]) -> list[str]:
+        problems = column_names_unread(task)
+        if len(task.text_fields) != 1:
+            problems.append(f"task.text_fields={list(task.text_fields)}: task.family={self.name} needs one column: "
+                            "the words of each sentence (a list)")
+        return problems
 
     def check_file(self, path: str) -> None:
         ext = Path(path).suffix.lower()
@@ -51,7 +73,7 @@ class TokenClassification(Family):
     def load(self, task: DictConfig) -> tuple[DatasetDict, list[str]]:
         def read(path: str, split: str) -> Dataset:
             try:
-                ds = ner.read_conll(path, task.token_column, task.tag_column)
+                ds = conll.read_conll(path, task.token_column, task.tag_column)
             except (ValueError, UnicodeDecodeError) as exc:
                 raise DataError(f"{split_key(split)}={path}: not a CoNLL file: {exc}") from exc
             if len(ds) == 0:
@@ -61,12 +83,18 @@ class TokenClassification(Family):
         raw = load_splits(task, read)
         if task.train_file is None:  # a Hub dataset: its columns, as tokens/tags string lists
             raw = DatasetDict({s: _tokens_and_tags(ds, task, s) for s, ds in raw.items()})
-        labels = [str(t) for t in task.labels] if task.labels is not None else ner.label_list(raw)
+        labels = [str(t) for t in task.labels] if task.labels is not None else conll.label_list(raw)
         not_iob = [t for t in labels if t != "O" and not (t[:2] in ("B-", "I-") and len(t) > 2)]
         if not_iob:  # found now, not at the first evaluation
             raise DataError(f"task={task.name}: tags {not_iob[:10]} are not IOB tags (O, B-<type>, I-<type>), which "
                             "entity scoring reads (task.tag_scheme=IOB1|IOB2); convert the data (e.g. IOBES to IOB2)")
         return raw, labels
+
+    def model_kwargs(self, labels: list[str] | None) -> dict:
+        if labels is None:
+            raise ValueError("token classification needs its labels (the tag list)")
+        return dict(num_labels=len(labels), id2label=dict(enumerate(labels)),
+                    label2id={name: i for i, name in enumerate(labels)})
 
     def cache_settings(self, task: DictConfig) -> dict:
         return {"label_all_subtokens": task.label_all_subtokens}
@@ -77,7 +105,7 @@ class TokenClassification(Family):
 
         def fn(batch):
             try:
-                out = ner.tokenize_and_align(batch, tokenizer, label2id, task.max_length, task.label_all_subtokens)
+                out = conll.tokenize_and_align(batch, tokenizer, label2id, task.max_length, task.label_all_subtokens)
             except ValueError as exc:
                 raise DataError(f"task={task.name}: {exc}. Fix the data, or set task.labels=[...] to every tag "
                                 "in id order") from None
@@ -100,18 +128,18 @@ class TokenClassification(Family):
             logits = out.logits.float()
             # The loss over every labelled token of the split (not a mean of batch means): per-feature sums.
             token_loss = torch.nn.functional.cross_entropy(logits.transpose(1, 2), batch["labels"],
-                                                           ignore_index=ner.IGNORE_INDEX, reduction="none")
-            count = (batch["labels"] != ner.IGNORE_INDEX).sum(dim=1)
+                                                           ignore_index=conll.IGNORE_INDEX, reduction="none")
+            count = (batch["labels"] != conll.IGNORE_INDEX).sum(dim=1)
             # Label ids, not logits, cross the ranks; each rank's batch may be padded to another width.
-            pred = accelerator.pad_across_processes(logits.argmax(dim=-1), dim=1, pad_index=ner.IGNORE_INDEX)
+            pred = accelerator.pad_across_processes(logits.argmax(dim=-1), dim=1, pad_index=conll.IGNORE_INDEX)
             return pred, token_loss.sum(dim=1), count
 
         preds, loss_sums, counts = predict(accelerator, model, dataloader, outputs)
         predictions = [row for batch in preds for row in batch.numpy()]
         gold = list(examples["tags"])
-        tags = ner.predictions_to_tags(predictions, list(features["word_ids"]), labels,
+        tags = conll.predictions_to_tags(predictions, list(features["word_ids"]), labels,
                                        num_words=[len(t) for t in gold])
-        scores = ner.Seqeval().compute(predictions=tags, references=gold, scheme=TagScheme(task.tag_scheme).value,
+        scores = Seqeval().compute(predictions=tags, references=gold, scheme=TagScheme(task.tag_scheme).value,
                                        mode=SeqevalMode(task.seqeval_mode).value)
         results = {k: scores[k] for k in ("precision", "recall", "f1", "accuracy")}
         results.update({k: v for k, v in scores.items() if k.endswith("/f1")})  # per entity type
@@ -148,3 +176,6 @@ def _tokens_and_tags(ds: Dataset, task: DictConfig, split: str) -> Dataset:
         return {"tokens": [[str(w) for w in row] for row in batch[words]], "tags": tags}
 
     return ds.map(convert, batched=True, remove_columns=ds.column_names, desc=f"reading {split} tags")
+
+
+TOKEN_CLASSIFICATION = register(TokenClassification())

@@ -1,4 +1,5 @@
-"""Extractive question answering (SQuAD v1.1 / v2.0 style): the `qa` library wired into the family interface.
+"""Extractive question answering (SQuAD v1.1 / v2.0 style): `squad` (reader, windows, span search) and
+`squad_metric` (official EM/F1) wired into the family interface, registered as task.family=question_answering.
 
 Data: a Hub dataset with `id`, the question and context columns (`task.text_fields=[question, context]`)
 and SQuAD-style answers (`task.label_column=answers`: {text: [...], answer_start: [...]}), or local SQuAD
@@ -19,11 +20,13 @@ from accelerate import Accelerator
 from datasets import Dataset, DatasetDict
 from omegaconf import DictConfig
 from torch.utils.data import DataLoader
-from transformers import PreTrainedTokenizerBase
+from transformers import AutoModelForQuestionAnswering, DataCollatorWithPadding, PreTrainedTokenizerBase
 
 from ampft.data.load import DataError, load_splits, split_key
 from ampft.evaluation import predict
-from ampft.tasks import Family, qa
+from ampft.tasks.base import Family, column_names_unread, register
+from ampft.tasks.question_answering import squad
+from ampft.tasks.question_answering.squad_metric import Squad, SquadV2
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +37,7 @@ NEG = -1e4  # logits of positions past a feature (padding across ranks); never i
 def check_answers(ds: Dataset, task: DictConfig, split: str) -> None:
     """Answers whose answer_start does not point at their text would train (or score the loss of) "no answer":
     a DataError past task.max_misaligned_answers (a fraction of the answered questions), a warning below."""
-    bad = qa.misaligned_answers(ds)
+    bad = squad.misaligned_answers(ds)
     if not bad:
         return
     answered = sum(1 for a in ds["answers"] if a["text"])
@@ -64,10 +67,36 @@ def window_losses(start_logits: torch.Tensor, end_logits: torch.Tensor, batch: d
 
 
 class QuestionAnswering(Family):
+    name = "question_answering"
+    metrics = {"squad": ("exact_match", "f1"), "squad_v2": ("exact_match", "f1")}  # in percent, as the official script
+    model_class = AutoModelForQuestionAnswering
+    pipeline_tag = "question-answering"
     model_inputs = ("input_ids", "attention_mask", "token_type_ids", "start_positions", "end_positions")
     files = 'SQuAD JSON: .json with a top-level "data" list of articles'
-    pipeline_tag = "question-answering"
     one_feature_per_example = False
+    evaluates_train_features = False
+    scores_in_percent = True
+
+    def check(self, task: DictConfig, files: list[tuple[str, str]]) -> list[str]:
+        problems = column_names_unread(task)
+        if len(task.text_fields) != 2:
+            problems.append(f"task.text_fields={list(task.text_fields)}: task.family={self.name} needs two columns: "
+                            "[question, context]")
+        if task.labels is not None:
+            problems.append("task.labels is set for question answering: remove it (answers are spans)")
+        if not 0 <= task.doc_stride <= task.max_length // 2:
+            problems.append(f"task.doc_stride={task.doc_stride}: must be in [0, task.max_length/2 = "
+                            f"{task.max_length // 2}] so windows advance (BERT's SQuAD setup: max_length=384, "
+                            "doc_stride=128)")
+        for key in ("max_answer_length", "n_best"):
+            if task[key] < 1:
+                problems.append(f"task.{key}={task[key]}: must be >= 1")
+        if task.version_2 and "squad" in task.metrics:
+            problems.append("task.version_2=true with task.metrics=[squad]: use task.metrics=[squad_v2] (no-answer "
+                            "questions are scored by the v2.0 rules)")
+        if not task.version_2 and "squad_v2" in task.metrics:
+            problems.append("task.metrics=[squad_v2] needs task.version_2=true (no-answer predictions)")
+        return problems
 
     def check_file(self, path: str) -> None:
         ext = Path(path).suffix.lower()
@@ -77,7 +106,7 @@ class QuestionAnswering(Family):
     def load(self, task: DictConfig) -> tuple[DatasetDict, None]:
         def read(path: str, split: str) -> Dataset:
             try:
-                ds = qa.read_squad(path)
+                ds = squad.read_squad(path)
             except (ValueError, UnicodeDecodeError) as exc:
                 raise DataError(f"{split_key(split)}={path}: {exc}") from exc
             if len(ds) == 0:
@@ -101,6 +130,17 @@ class QuestionAnswering(Family):
             check_answers(out[split], task, split)
         return DatasetDict(out), None
 
+    def model_kwargs(self, labels: list[str] | None) -> dict:
+        return {}  # start and end logits: no label set
+
+    def labels_from_model(self, config) -> None:
+        return None
+
+    def collator(self, tokenizer: PreTrainedTokenizerBase, padding: str = "longest", max_length: int | None = None,
+                 pad_to_multiple_of: int | None = None):
+        return DataCollatorWithPadding(tokenizer, padding=padding, max_length=max_length,
+                                       pad_to_multiple_of=pad_to_multiple_of)
+
     def cache_settings(self, task: DictConfig) -> dict:
         return {"doc_stride": task.doc_stride}
 
@@ -109,13 +149,13 @@ class QuestionAnswering(Family):
         kwargs = dict(tokenizer=tokenizer, max_length=task.max_length, doc_stride=task.doc_stride)
 
         def train(batch):
-            out = qa.prepare_train_features(batch, **kwargs)
+            out = squad.prepare_train_features(batch, **kwargs)
             out["length"] = [len(ids) for ids in out["input_ids"]]
             return out
 
         def evaluation(batch):  # the same windows: span search inputs, and gold positions for a loss
-            out = qa.prepare_eval_features(batch, **kwargs)
-            positions = qa.prepare_train_features(batch, **kwargs)
+            out = squad.prepare_eval_features(batch, **kwargs)
+            positions = squad.prepare_train_features(batch, **kwargs)
             out["start_positions"], out["end_positions"] = positions["start_positions"], positions["end_positions"]
             out["length"] = [len(ids) for ids in out["input_ids"]]
             return out
@@ -135,10 +175,10 @@ class QuestionAnswering(Family):
         start_parts, end_parts, losses = predict(accelerator, model, dataloader, outputs)
         starts = [row for batch in start_parts for row in batch.numpy()]
         ends = [row for batch in end_parts for row in batch.numpy()]
-        answers = qa.postprocess(examples, features, starts, ends, n_best=task.n_best,
+        answers = squad.postprocess(examples, features, starts, ends, n_best=task.n_best,
                                  max_answer_length=task.max_answer_length, version_2=task.version_2,
                                  null_threshold=task.null_threshold)
-        metric = qa.SquadV2() if task.version_2 else qa.Squad()
+        metric = SquadV2() if task.version_2 else Squad()
         references = [{"id": i, "answers": a} for i, a in zip(examples["id"], examples["answers"], strict=True)]
         results = metric.compute(predictions=[{"id": k, "prediction_text": v} for k, v in answers.items()],
                                  references=references)
@@ -147,3 +187,6 @@ class QuestionAnswering(Family):
         results["loss"] = float(torch.cat(losses).mean())  # over windows (features), as training averages
         results["samples"] = len(references)
         return results
+
+
+QUESTION_ANSWERING = register(QuestionAnswering())

@@ -1,0 +1,135 @@
+"""The task family interface and its registry.
+
+A family is one object, registered once under its `task.family` name (`register`), that owns everything
+that differs between task kinds: its metric table, model class and its config kwargs, pipeline tag, config
+checks and file formats, data loading, tokenization, collation and evaluation. `family_for(name)` looks the
+object up; `ampft.finetune.build` does that once per run and passes it on (to `ampft.data`, `build_model`,
+`ampft.tasks.evaluate`, the model card).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ClassVar
+
+from accelerate import Accelerator
+from datasets import Dataset, DatasetDict
+from omegaconf import DictConfig
+from torch.utils.data import DataLoader
+from transformers import PretrainedConfig, PreTrainedTokenizerBase
+
+
+class Family:
+    """What the shared modules ask of a task family. The attributes without a value, and the methods that
+    raise NotImplementedError, are each family's own (`tests/tasks/test_registry.py` checks they are set)."""
+
+    #: the task.family value that selects it
+    name: ClassVar[str]
+    #: metric name (task.metrics) -> the result keys it produces (what task.main_metric / checkpoint.metric name)
+    metrics: ClassVar[dict[str, tuple[str, ...]]]
+    #: the transformers Auto class of the model it trains (and `make evaluate` reloads)
+    model_class: ClassVar[type]
+    #: the Hugging Face pipeline that runs an exported model
+    pipeline_tag: ClassVar[str]
+    #: the columns a batch gives the model (those the model's forward takes are kept)
+    model_inputs: ClassVar[tuple[str, ...]]
+    #: local files it reads, for messages
+    files: ClassVar[str]
+    #: validation feature i belongs to example i (false for QA: an example may span several windows)
+    one_feature_per_example: ClassVar[bool]
+    #: the train split's features can be evaluated as they are (NER and QA build evaluation features, with word
+    #: ids or offsets, for validation splits only)
+    evaluates_train_features: ClassVar[bool]
+    #: its metrics report percent (seqeval, SQuAD) rather than fractions (GLUE)
+    scores_in_percent: ClassVar[bool]
+
+    ATTRIBUTES: ClassVar[tuple[str, ...]] = ("name", "metrics", "model_class", "pipeline_tag", "model_inputs", "files",
+                                             "one_feature_per_example", "evaluates_train_features", "scores_in_percent")
+
+    def check(self, task: DictConfig, files: list[tuple[str, str]]) -> list[str]:
+        """The family's own problems with the task group (`files`: (key, path) of the local files), one message
+        per problem naming the key and what would work; `ampft.validation.validate` adds them to the others."""
+        raise NotImplementedError
+
+    def check_file(self, path: str) -> None:
+        """Raise ValueError naming the file and what would work when it is not in a format read here."""
+        raise NotImplementedError
+
+    def check_installed(self, metrics: list[str], key: str = "task.metrics") -> None:
+        """A ConfigError before any training when one of `metrics` needs an optional library that is missing."""
+
+    def adapt_tokenizer(self, tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
+        """The tokenizer this family needs (e.g. byte-level BPE with a prefix space for pre-split words)."""
+        return tokenizer
+
+    def load(self, task: DictConfig) -> tuple[DatasetDict, list[str] | None]:
+        """Raw splits (train, validation, extra validation splits by name) and the label names in id order."""
+        raise NotImplementedError
+
+    def cache_settings(self, task: DictConfig) -> dict[str, Any]:
+        """Every setting the tokenized features depend on besides tokenizer, max_length, labels and data."""
+        return {}
+
+    def tokenize(self, raw: DatasetDict, task: DictConfig, tokenizer: PreTrainedTokenizerBase,
+                 labels: list[str] | None) -> DatasetDict:
+        """Model features per split; a `length` column (tokens) for the length-grouped sampler."""
+        raise NotImplementedError
+
+    def collator(self, tokenizer: PreTrainedTokenizerBase, padding: str = "longest", max_length: int | None = None,
+                 pad_to_multiple_of: int | None = None):
+        """Batches padded as `ampft.data.padding` says."""
+        raise NotImplementedError
+
+    def model_kwargs(self, labels: list[str] | None) -> dict[str, Any]:
+        """The model config's task settings (number of outputs, label names) for `labels`."""
+        raise NotImplementedError
+
+    def labels_from_model(self, config: PretrainedConfig) -> list[str] | None:
+        """The label names in id order that a saved model was trained with (None: it has no label set)."""
+        return [config.id2label[i] for i in range(config.num_labels)]
+
+    def positive_label(self, task: DictConfig, labels: list[str] | None) -> str | None:
+        """The class binary F1 scores, where the family has one."""
+        return None
+
+    def evaluate(self, accelerator: Accelerator, model, dataloader: DataLoader, features: Dataset,
+                 examples: Dataset, task: DictConfig, labels: list[str] | None,
+                 out_dir: Path | None = None, name: str = "validation") -> dict[str, float]:
+        """Metrics (keys as `metrics` says), `loss` and `samples` (examples scored) on one split; `dataloader`
+        yields `features` in order. Predictions go to `out_dir` where the family writes any."""
+        raise NotImplementedError
+
+    def metric_keys(self, metrics: list[str]) -> list[str]:
+        """The result keys that `metrics` produce (seqeval -> f1, precision, ...; accuracy -> accuracy)."""
+        return list(dict.fromkeys(k for m in metrics for k in self.metrics.get(m, (m,))))
+
+
+def column_names_unread(task: DictConfig) -> list[str]:
+    """task.column_names names the columns of headerless csv/tsv files, which only sequence tasks read."""
+    if task.column_names is None:
+        return []
+    return [f"task.column_names={list(task.column_names)}: only for local .csv/.tsv files of a classification or "
+            "regression task (task.train_file=...)"]
+
+
+FAMILIES: dict[str, Family] = {}
+
+
+def register(family: Family) -> Family:
+    """Make `family` the one selected by `task.family=<family.name>`."""
+    missing = [a for a in Family.ATTRIBUTES if not hasattr(family, a)]
+    if missing:
+        raise TypeError(f"task family {type(family).__name__} does not set {missing}")
+    if family.name in FAMILIES:
+        raise ValueError(f"task family {family.name!r} is registered twice ({type(FAMILIES[family.name]).__name__}, "
+                         f"{type(family).__name__})")
+    FAMILIES[family.name] = family
+    return family
+
+
+def family_for(name: str) -> Family:
+    """The registered family named `name` (task.family)."""
+    try:
+        return FAMILIES[str(name)]
+    except KeyError:
+        raise KeyError(f"task.family={name}: not a task family; registered are {sorted(FAMILIES)}") from None

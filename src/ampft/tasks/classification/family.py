@@ -1,0 +1,165 @@
+"""Sequence classification and regression (GLUE, your own csv/tsv/json/parquet files): one sentence or a
+pair per example, one label (an id, or a float for regression). Data checks and labels in `data`, the GLUE
+metrics in `metrics`, the evaluation loop here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from accelerate import Accelerator
+from datasets import Dataset, DatasetDict
+from omegaconf import DictConfig
+from torch.utils.data import DataLoader
+from transformers import AutoModelForSequenceClassification, DataCollatorWithPadding, PreTrainedTokenizerBase
+
+from ampft.data.load import file_format
+from ampft.evaluation import predict
+from ampft.tasks.base import Family, register
+from ampft.tasks.classification import metrics as glue
+from ampft.tasks.classification.data import encode_labels, label_names, load_raw, positive_label
+
+
+def texts(batch: dict, fields: list[str]) -> list[list[str]]:
+    """The text columns of a batch of rows, one list per field (a missing value is the empty string): the
+    tokenizer's positional arguments for single sentences or pairs."""
+    return [[("" if t is None else str(t)) for t in batch[f]] for f in fields]
+
+
+def example_losses(logits: torch.Tensor, labels: torch.Tensor, regression: bool) -> torch.Tensor:
+    """Each example's loss as the model's own loss computes it for the batch (mean squared error for one
+    regression output, cross-entropy otherwise), unreduced."""
+    logits = logits.float()
+    if regression:
+        return (logits.squeeze(-1) - labels.float()) ** 2
+    return torch.nn.functional.cross_entropy(logits, labels, reduction="none")
+
+
+def evaluate_model(accelerator: Accelerator, model, dataloader: DataLoader, metrics: list[str],
+                   num_labels: int | None, positive: int = 1) -> dict[str, float]:
+    """Metrics by name, plus `loss` (mean over examples) and `samples`; num_labels None: regression.
+    `positive`: the label id binary F1 scores (two labels)."""
+    regression = num_labels is None
+
+    def outputs(batch, out):
+        logits = out.logits.float()
+        pred = logits.squeeze(-1) if regression else logits.argmax(dim=-1)
+        return pred, batch["labels"], example_losses(logits, batch["labels"], regression)
+
+    preds, refs, losses = (torch.cat(parts) for parts in predict(accelerator, model, dataloader, outputs))
+    predictions, references = preds.numpy(), refs.numpy()
+    results = glue.compute(metrics, predictions, references, num_labels, positive)
+    results["loss"] = float(losses.mean())
+    results["samples"] = len(references)
+    return results
+
+
+def column_names_problems(task: DictConfig, files: list[tuple[str, str]]) -> list[str]:
+    """task.column_names names the columns of headerless local .csv/.tsv files."""
+    names = task.column_names
+    if names is None:
+        return []
+    if not files:
+        return [f"task.column_names={list(names)}: only for local .csv/.tsv files of a classification or regression "
+                "task (task.train_file=...)"]
+    problems = [f"task.{key}={path}: task.column_names is for headerless .csv/.tsv files, not {Path(path).suffix}"
+                for key, path in files if Path(path).suffix.lower() not in (".csv", ".tsv")]
+    if len(set(names)) != len(names):
+        problems.append(f"task.column_names={list(names)}: names must be unique")
+    missing = [c for c in (*task.text_fields, task.label_column) if c not in names]
+    if missing:
+        problems.append(f"task.column_names={list(names)} lacks {missing}, which task.text_fields/task.label_column "
+                        "name: name the file's columns in order, including those")
+    return problems
+
+
+class Classification(Family):
+    name = "classification"
+    metrics = {"accuracy": ("accuracy",), "f1": ("f1",), "mcc": ("mcc",)}
+    model_class = AutoModelForSequenceClassification
+    pipeline_tag = "text-classification"
+    model_inputs = ("input_ids", "attention_mask", "token_type_ids", "labels")
+    files = "csv, tsv, json, jsonl or parquet"
+    one_feature_per_example = True
+    evaluates_train_features = True
+    scores_in_percent = False
+
+    def check(self, task: DictConfig, files: list[tuple[str, str]]) -> list[str]:
+        problems = column_names_problems(task, files)
+        if not 1 <= len(task.text_fields) <= 2:
+            problems.append(
+                f"task.text_fields={list(task.text_fields)}: give one column (single sentence) or two (pair)"
+            )
+        return problems
+
+    def check_file(self, path: str) -> None:
+        file_format(path)
+
+    def check_installed(self, metrics: list[str], key: str = "task.metrics") -> None:
+        glue.check_installed(metrics, key)
+
+    def load(self, task: DictConfig) -> tuple[DatasetDict, list[str] | None]:
+        raw = load_raw(task)
+        labels = label_names(raw, task)
+        positive_label(task, labels)  # refuses an unclear binary F1 now, not after training
+        return encode_labels(raw, task, labels), labels
+
+    def tokenize(self, raw: DatasetDict, task: DictConfig, tokenizer: PreTrainedTokenizerBase,
+                 labels: list[str] | None) -> DatasetDict:
+        fields = list(task.text_fields)
+
+        def fn(batch):
+            enc = tokenizer(*texts(batch, fields), truncation=True, max_length=task.max_length)
+            enc["length"] = [len(ids) for ids in enc["input_ids"]]
+            return enc
+
+        keep = [c for c in raw["train"].column_names if c == "labels"]
+        return DatasetDict(
+            {s: ds.map(fn, batched=True, remove_columns=[c for c in ds.column_names if c not in keep],
+                       desc=f"tokenizing {s}") for s, ds in raw.items()}
+        )
+
+    def collator(self, tokenizer: PreTrainedTokenizerBase, padding: str = "longest", max_length: int | None = None,
+                 pad_to_multiple_of: int | None = None):
+        return DataCollatorWithPadding(tokenizer, padding=padding, max_length=max_length,
+                                       pad_to_multiple_of=pad_to_multiple_of)
+
+    def model_kwargs(self, labels: list[str] | None) -> dict:
+        return dict(num_labels=len(labels), id2label=dict(enumerate(labels)),
+                    label2id={name: i for i, name in enumerate(labels)})
+
+    def positive_label(self, task: DictConfig, labels: list[str] | None) -> str | None:
+        return positive_label(task, labels)
+
+    def evaluate(self, accelerator: Accelerator, model, dataloader: DataLoader, features: Dataset,
+                 examples: Dataset, task: DictConfig, labels: list[str] | None,
+                 out_dir: Path | None = None, name: str = "validation") -> dict[str, float]:
+        positive = positive_label(task, labels)
+        return evaluate_model(accelerator, model, dataloader, list(task.metrics), None if labels is None else len(labels),
+                              1 if positive is None else labels.index(positive))
+
+
+class Regression(Classification):
+    """One output per example, a float label (STS-B): the classification pipeline without a label set."""
+
+    name = "regression"
+    metrics = {"pearson": ("pearson",), "spearman": ("spearman",)}
+
+    def check(self, task: DictConfig, files: list[tuple[str, str]]) -> list[str]:
+        problems = super().check(task, files)
+        if task.labels is not None:
+            problems.append("task.labels is set for a regression task: remove it (regression has one output)")
+        return problems
+
+    def model_kwargs(self, labels: list[str] | None) -> dict:
+        return dict(num_labels=1, problem_type="regression")
+
+    def labels_from_model(self, config) -> None:
+        return None
+
+    def positive_label(self, task: DictConfig, labels: list[str] | None) -> None:
+        return None
+
+
+CLASSIFICATION = register(Classification())
+REGRESSION = register(Regression())

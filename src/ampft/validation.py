@@ -1,0 +1,310 @@
+"""The checks a config gets after composition, before anything is built: `validate(cfg)` reports every
+problem at once (`ConfigError`) and returns warnings.
+
+The schema (`ampft.config`) fixes types and enums; this module checks what a schema cannot: each field's range
+(`RANGES`, with `CHECKED_ELSEWHERE` naming the fields checked with the ones they depend on), the cross-field
+rules, the task family's own keys and files, and the hardware (`precision.preflight`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import fields, is_dataclass
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from ampft import precision
+from ampft.config import (
+    Backend,
+    ConfigError,
+    DeepSpeedPrecision,
+    FinetuneConfig,
+    OptimImplementation,
+    Precision,
+    PrecisionConfig,
+    metric_mode,
+)
+from ampft.data.load import extra_split_names
+from ampft.tasks import FAMILIES, supported_metrics
+
+
+def metric_keys(task: DictConfig) -> list[str]:
+    """The result keys that task.metrics produce (seqeval -> f1, precision, ...; accuracy -> accuracy): what
+    task.main_metric and checkpoint.metric may name. The tables are the families' (`Family.metrics`)."""
+    family = FAMILIES.get(str(task.family))
+    if family is None:  # reported by _task_problems
+        return list(dict.fromkeys(task.metrics))
+    return family.metric_keys(list(task.metrics))
+
+
+def validate(cfg: DictConfig) -> list[str]:
+    """Check what the schema cannot; raise ConfigError with all problems, return warnings."""
+    problems: list[str] = []
+    tr, task = cfg.trainer, cfg.task
+
+    if tr.max_minutes is not None and not tr.max_minutes > 0:
+        problems.append(f"trainer.max_minutes={tr.max_minutes}: give a positive number of minutes, or null")
+    if tr.max_steps <= 0 and tr.epochs <= 0:
+        problems.append(
+            f"trainer.epochs={tr.epochs} and trainer.max_steps={tr.max_steps}: set trainer.epochs > 0 "
+            "or trainer.max_steps > 0"
+        )
+    for key in ("batch_size", "grad_accum", "log_every", "compile_buckets", "length_group_size"):
+        if tr[key] < 1:
+            problems.append(f"trainer.{key}={tr[key]}: must be >= 1")
+    if tr.pad_to_multiple_of is not None and tr.pad_to_multiple_of < 1:
+        problems.append(f"trainer.pad_to_multiple_of={tr.pad_to_multiple_of}: must be >= 1 (1: no rounding) or null")
+    if tr.num_workers is not None and tr.num_workers < 0:
+        problems.append(f"trainer.num_workers={tr.num_workers}: must be >= 0 or null (auto)")
+    if tr.eval_every < 0:
+        problems.append(f"trainer.eval_every={tr.eval_every}: must be >= 0 (0 evaluates at each epoch end)")
+    ck = cfg.checkpoint
+    if ck.every < 0 or ck.keep_last < 1 or ck.keep_best < 0:
+        problems.append(
+            f"checkpoint.every={ck.every}, checkpoint.keep_last={ck.keep_last}, checkpoint.keep_best="
+            f"{ck.keep_best}: every must be >= 0, keep_last >= 1, keep_best >= 0"
+        )
+    if ck.metric is not None and ck.metric != "loss" and ck.metric not in metric_keys(task):
+        problems.append(f"checkpoint.metric={ck.metric}: not one of {metric_keys(task)} (from task.metrics="
+                        f"{list(task.metrics)}) or loss")
+    metric = ck.metric or task.main_metric
+    if ck.mode is not None and ck.mode != metric_mode(metric, None):
+        problems.append(f"checkpoint.mode={ck.mode} with checkpoint.metric={metric}: {metric} is better when "
+                        f"{'lower' if metric_mode(metric, None) == 'min' else 'higher'}; the best checkpoint would be "
+                        "the worst. Leave checkpoint.mode unset (null: inferred from the metric)")
+    if (ck.keep_best or ck.export_best) and not ck.every:
+        problems.append("checkpoint.keep_best/export_best need periodic checkpoints: set checkpoint.every=N")
+    if cfg.optim.lr <= 0:
+        problems.append(f"optim.lr={cfg.optim.lr}: must be > 0 (e.g. optim.lr=3e-5)")
+    if (cfg.optim.implementation == OptimImplementation.fused and cfg.precision.name == Precision.fp16
+            and cfg.distributed.backend != Backend.deepspeed):
+        problems.append("optim.implementation=fused with precision=fp16: a fused step consumes the loss scaler's "
+                        "overflow flag instead of being skipped, so skipped steps would advance the scheduler and "
+                        "the step count; use optim.implementation=auto (foreach under fp16) or precision=bf16")
+    if not 0 <= cfg.scheduler.warmup_ratio < 1:
+        problems.append(f"scheduler.warmup_ratio={cfg.scheduler.warmup_ratio}: must be in [0, 1)")
+
+    problems.extend(_task_problems(task, cfg.model))
+    problems.extend(range_problems(cfg))
+
+    # Model.
+    m = cfg.model
+    if not m.pretrained and "model_type" not in m.arch:
+        problems.append(
+            f"model.pretrained=false needs model.arch.model_type (e.g. bert) to build {m.name} without "
+            "downloading its config"
+        )
+
+    # Checkpoint resume target.
+    resume = cfg.checkpoint.resume
+    if resume not in (None, "latest") and not Path(resume).is_dir():
+        problems.append(f"checkpoint.resume={resume}: no such checkpoint folder (or use checkpoint.resume=latest)")
+
+    d = cfg.distributed
+    if d.num_processes < 1 or d.num_machines < 1 or not 0 <= d.machine_rank < d.num_machines:
+        problems.append(
+            f"distributed.num_processes={d.num_processes}, num_machines={d.num_machines}, machine_rank="
+            f"{d.machine_rank}: need num_processes >= 1, num_machines >= 1, 0 <= machine_rank < num_machines"
+        )
+    if d.backend == Backend.deepspeed and d.zero_stage not in (0, 1, 2, 3):
+        problems.append(f"distributed.zero_stage={d.zero_stage}: DeepSpeed ZeRO stages are 0, 1, 2, 3")
+    if (d.backend == Backend.deepspeed and d.deepspeed_precision == DeepSpeedPrecision.autocast
+            and cfg.precision.name == Precision.fp16):
+        problems.append("distributed.deepspeed_precision=autocast with precision=fp16: DeepSpeed's fp16 autocast "
+                        "brings its own GradScaler with default settings, which ignores precision.init_scale, "
+                        "growth_interval and the other loss-scaling keys; use distributed.deepspeed_precision=auto "
+                        "(DeepSpeed's fp16 mode) or precision=bf16")
+    if d.offload_param and d.zero_stage != 3:
+        problems.append("distributed.offload_param=true needs distributed.zero_stage=3 (use distributed=deepspeed-z3-offload)")
+    if d.num_machines > 1 and d.main_process_ip is None:
+        problems.append("distributed.num_machines > 1 needs distributed.main_process_ip=<address of machine 0>")
+
+    errors, warnings = precision.preflight(cfg)
+    problems.extend(errors)
+    if problems:
+        raise ConfigError(problems)
+    return warnings + ignored_loss_scaling(cfg)
+
+
+def _finite(x) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _text(x) -> bool:
+    return isinstance(x, str) and x.strip() != ""
+
+
+# Every field's range that the schema's types do not already fix, as (key, check, what would work). Keys whose
+# range is checked with the fields they depend on, in validate() or precision.preflight, are named at the end.
+RANGES: list[tuple[str, Callable[[Any], bool], str]] = [
+    ("model.name", _text, "a model name"),
+    ("model.name_or_path", _text, "a Hub id, a local directory or pkg://package/dir"),
+    ("model.tokenizer", lambda x: x is None or _text(x), "null or a tokenizer location"),
+    ("model.offline_tokenizer", _text, "a tokenizer location"),
+    ("task.name", _text, "a task name"),
+    ("task.dataset", lambda x: x is None or _text(x), "null or a Hub dataset name"),
+    ("task.train_split", _text, "a split name"),
+    ("task.validation_split", _text, "a split name"),
+    ("task.label_column", _text, "a column name"),
+    ("task.text_fields", lambda x: all(_text(f) for f in x) and len(set(x)) == len(x), "distinct column names"),
+    ("task.labels", lambda x: x is None or (len(x) >= 2 and len(set(map(str, x))) == len(x)),
+     "null (from the data) or at least two distinct label names"),
+    ("task.max_train_samples", lambda x: x is None or x >= 1, "null (all) or >= 1"),
+    ("task.max_eval_samples", lambda x: x is None or x >= 1, "null (all) or >= 1"),
+    ("task.null_threshold", _finite, "a finite number"),
+    ("task.max_misaligned_answers", lambda x: _finite(x) and 0 <= x <= 1, "a fraction in [0, 1]"),
+    ("precision.hysteresis", lambda x: x >= 1, ">= 1"),
+    ("precision.min_scale", lambda x: _finite(x) and x > 0, "> 0"),
+    ("precision.static_scale", lambda x: x is None or (_finite(x) and x > 0), "null (dynamic) or > 0"),
+    ("distributed.main_process_port", lambda x: 1 <= x <= 65535, "a port in [1, 65535]"),
+    ("distributed.reduce_bucket_size", lambda x: x >= 1, ">= 1"),
+    ("distributed.allgather_bucket_size", lambda x: x >= 1, ">= 1"),
+    ("distributed.stage3_prefetch_bucket_size", lambda x: x >= 1, ">= 1"),
+    ("distributed.stage3_param_persistence_threshold", lambda x: x >= 0, ">= 0"),
+    ("optim.name", lambda x: x == "adamw", "adamw (the one optimizer built)"),
+    ("optim.lr", _finite, "a finite number > 0, e.g. 3e-5"),
+    ("optim.weight_decay", lambda x: _finite(x) and x >= 0, ">= 0, e.g. 0.01"),
+    ("optim.betas", lambda x: len(x) == 2 and all(_finite(b) and 0 <= b < 1 for b in x),
+     "two numbers in [0, 1), e.g. [0.9,0.999]"),
+    ("optim.eps", lambda x: _finite(x) and x > 0, "> 0, e.g. 1e-8"),
+    ("scheduler.warmup_steps", lambda x: x >= 0, ">= 0 (0: use warmup_ratio)"),
+    ("trainer.epochs", _finite, "a finite number (> 0 unless trainer.max_steps > 0)"),
+    ("trainer.eval_batch_size", lambda x: x is None or x >= 1, "null (2 x batch_size) or >= 1"),
+    ("trainer.max_grad_norm", lambda x: _finite(x) and x >= 0, ">= 0 (0: no clipping)"),
+    ("trainer.seed", lambda x: 0 <= x < 2**32, "in [0, 2^32)"),
+    ("logging.project", _text, "a project name"),
+    ("published.source", lambda x: x is None or _text(x), "null or where the scores were published"),
+    ("published.split", lambda x: x is None or _text(x), "null or the split they were measured on"),
+    ("published.scores", lambda x: all(_finite(v) for v in x.values()), "{metric: score in percent}"),
+    ("cache_dir", _text, "a directory"),
+]
+# Checked elsewhere in validate() or precision.preflight (with the fields they depend on); the rest of the
+# schema are enums and booleans that composition checks, or files and names checked where they are read.
+CHECKED_ELSEWHERE = {
+    "task.family", "task.subset", "task.train_file", "task.validation_file", "task.metrics", "task.main_metric",
+    "task.max_length", "task.extra_validation_splits", "task.token_column", "task.tag_column",
+    "task.label_all_subtokens", "task.tag_scheme", "task.seqeval_mode", "task.doc_stride", "task.max_answer_length",
+    "task.n_best", "task.version_2", "task.positive_label", "task.column_names", "model.pretrained", "model.arch", "model.attn_implementation",
+    "precision.name", "precision.init_scale", "precision.growth_factor", "precision.backoff_factor",
+    "precision.growth_interval", "precision.max_consecutive_nonfinite", "precision.max_loss_ratio", "distributed.name", "distributed.backend", "distributed.deepspeed_precision",
+    "distributed.num_processes", "distributed.num_machines", "distributed.machine_rank",
+    "distributed.main_process_ip", "distributed.accelerate_config", "distributed.zero_stage",
+    "distributed.offload_optimizer", "distributed.offload_param", "distributed.fsdp_reshard_after_forward",
+    "distributed.fsdp_cpu_offload", "optim.implementation", "scheduler.name", "scheduler.warmup_ratio",
+    "trainer.max_steps", "trainer.max_minutes", "trainer.batch_size", "trainer.grad_accum", "trainer.log_every", "trainer.eval_every",
+    "trainer.group_by_length", "trainer.length_group_size", "trainer.padding", "trainer.pad_to_multiple_of",
+    "trainer.compile", "trainer.compile_buckets", "trainer.num_workers", "trainer.cpu", "trainer.progress_bar",
+    "checkpoint.every", "checkpoint.keep_last", "checkpoint.keep_best", "checkpoint.metric", "checkpoint.mode",
+    "checkpoint.resume", "checkpoint.allow_config_change", "checkpoint.export", "checkpoint.export_best",
+    "checkpoint.reuse_run_dir", "logging.name",
+}
+
+
+def schema_keys(schema: type | None = None, prefix: str = "") -> list[str]:
+    """Every leaf key of the finetune schema (dotted), for the test that each one's range is checked."""
+    out = []
+    for f in fields(schema or FinetuneConfig):
+        sub = f.default_factory if is_dataclass(f.default_factory) else None
+        out += schema_keys(sub, f"{prefix}{f.name}.") if sub else [prefix + f.name]
+    return out
+
+
+def range_problems(cfg: DictConfig) -> list[str]:
+    """Each value outside its range in RANGES, as `key=value: must be ...`."""
+    problems = []
+    for key, ok, what in RANGES:
+        value = OmegaConf.select(cfg, key)
+        shown = list(value) if OmegaConf.is_list(value) else value
+        try:
+            good = ok(value)
+        except TypeError:
+            good = False
+        if not good:
+            problems.append(f"{key}={shown}: must be {what}")
+    return problems
+
+
+def ignored_loss_scaling(cfg: DictConfig) -> list[str]:
+    """Warnings for loss-scaling keys changed from their defaults under a precision that has no loss scaling."""
+    p = cfg.precision
+    if p.name == Precision.fp16:
+        return []
+    defaults = PrecisionConfig()
+    keys = ("init_scale", "growth_factor", "backoff_factor", "growth_interval", "hysteresis", "min_scale",
+            "static_scale")
+    changed = [f"precision.{k}={p[k]}" for k in keys if p[k] != getattr(defaults, k)]
+    if not changed:
+        return []
+    return [f"{', '.join(changed)}: loss scaling is for precision=fp16 only; precision={p.name} ignores "
+            f"{'it' if len(changed) == 1 else 'them'} (remove, or use precision=fp16)"]
+
+
+def _task_problems(task: DictConfig, m: DictConfig) -> list[str]:
+    """Data source, files, columns, metrics and the family's own keys of the task group."""
+    problems: list[str] = []
+    family = FAMILIES.get(str(task.family))
+    if family is None:
+        return [f"task.family={task.family}: not a task family; use one of {sorted(FAMILIES)}"]
+    has_files = task.train_file is not None or task.validation_file is not None
+    if not has_files and task.dataset is None and task.name != "demo":
+        problems.append(
+            f"task={task.name} has no data: set task.train_file=... and task.validation_file=... "
+            f"({family.files}), or task.dataset=<Hub dataset name>"
+        )
+    if has_files and (task.train_file is None or task.validation_file is None):
+        problems.append(
+            "task.train_file and task.validation_file go together: "
+            f"got train_file={task.train_file}, validation_file={task.validation_file}"
+        )
+    files = [(key, task[key]) for key in ("train_file", "validation_file") if task[key] is not None]
+    if task.train_file is not None:  # local files: extra validation sets are files too
+        files += [(f"extra_validation_splits[{i}]", p) for i, p in enumerate(task.extra_validation_splits)]
+    for key, path in files:
+        if not Path(path).is_file():
+            problems.append(f"task.{key}={path}: no such file")
+        try:
+            family.check_file(path)
+        except ValueError as exc:
+            problems.append(f"task.{key}: {exc}")
+    if task.positive_label is not None and task.labels is not None and str(task.positive_label) not in [
+            str(x) for x in task.labels]:
+        problems.append(f"task.positive_label={task.positive_label} is not one of task.labels={list(task.labels)}")
+    names = extra_split_names(task)
+    if len(set(names)) != len(names) or {"train", "validation"} & set(names):
+        problems.append(f"task.extra_validation_splits={list(task.extra_validation_splits)}: names {names} must be "
+                        "unique and not train/validation (files are named by their stem)")
+    problems += family.check(task, files)
+
+    # Metrics: known, computed by this family, and the main one among their results.
+    supported = supported_metrics()
+    unknown = [x for x in task.metrics if x not in supported]
+    if unknown:
+        problems.append(f"task.metrics has {unknown}: supported are {sorted(supported)}")
+    foreign = [x for x in task.metrics if x in supported and x not in family.metrics]
+    if foreign:
+        owners = sorted({f for x in foreign for f in supported[x]})
+        problems.append(
+            f"task.metrics has {foreign}, which task.family={family.name} does not compute (it computes "
+            f"{sorted(family.metrics)}); they belong to task.family={'/'.join(owners)}"
+        )
+    if not task.metrics:
+        problems.append(f"task.metrics is empty: use some of {sorted(family.metrics)}")
+    if task.main_metric not in metric_keys(task):
+        problems.append(f"task.main_metric={task.main_metric} is not a result of task.metrics={list(task.metrics)}: "
+                        f"use one of {metric_keys(task)}")
+    if task.max_length < 8:
+        problems.append(f"task.max_length={task.max_length}: must be >= 8")
+
+    # The model must take task.max_length tokens (absolute position embeddings).
+    arch = m.arch
+    positions = arch.get("max_position_embeddings")
+    if positions is not None and arch.get("position_biased_input", True):
+        if arch.get("model_type") in ("roberta", "xlm-roberta", "camembert"):
+            positions -= 2  # positions start after the padding index
+        if task.max_length > positions:
+            problems.append(f"task.max_length={task.max_length}: model={m.name} has {positions} positions; use "
+                            f"task.max_length <= {positions}")
+    return problems

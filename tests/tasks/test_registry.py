@@ -1,0 +1,112 @@
+"""The task family registry: one object per family, complete, found by task.family; a new family is one
+registered object (no edit elsewhere in the package)."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+import pytest
+
+from ampft.config import ConfigError
+from ampft.data import prepare_data
+from ampft.models import build_model, load_tokenizer
+from ampft.tasks import FAMILIES, Family, check_installed, family_for, register
+from ampft.tasks.classification import Classification
+from ampft.validation import metric_keys, validate
+from tests.conftest import compose_config
+
+CONF = Path(__file__).resolve().parents[2] / "conf"
+OWN_METHODS = ("check", "check_file", "load", "tokenize", "collator", "model_kwargs", "evaluate")
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_each_family_is_complete_and_one_object(name):
+    family = family_for(name)
+    assert family is family_for(name) is FAMILIES[name] and family.name == name
+    for attr in Family.ATTRIBUTES:
+        assert hasattr(family, attr), attr
+    for method in OWN_METHODS:
+        assert getattr(type(family), method) is not getattr(Family, method), method
+    assert family.metrics and all(keys for keys in family.metrics.values())
+    assert family.model_class.__name__.startswith("AutoModelFor")
+
+
+def test_the_four_families_and_their_heads():
+    assert {n: (f.model_class.__name__, f.pipeline_tag) for n, f in FAMILIES.items()} == {
+        "classification": ("AutoModelForSequenceClassification", "text-classification"),
+        "regression": ("AutoModelForSequenceClassification", "text-classification"),
+        "token_classification": ("AutoModelForTokenClassification", "token-classification"),
+        "question_answering": ("AutoModelForQuestionAnswering", "question-answering"),
+    }
+    assert FAMILIES["regression"].model_kwargs(None) == {"num_labels": 1, "problem_type": "regression"}
+    with pytest.raises(ValueError, match="needs its labels"):
+        FAMILIES["token_classification"].model_kwargs(None)
+
+
+def test_every_task_yaml_names_a_registered_family():
+    for path in sorted((CONF / "task").glob("*.yaml")):
+        cfg = compose_config("finetune", [f"task={path.stem}"])
+        assert cfg.task.family in FAMILIES, path.name
+
+
+def test_unknown_family_is_a_config_error_naming_the_registered_ones():
+    with pytest.raises(KeyError, match=r"task.family=nope: not a task family; registered are \['classification'"):
+        family_for("nope")
+    with pytest.raises(ConfigError, match=r"task.family=nope: not a task family; use one of \['classification', "
+                                          r"'question_answering', 'regression', 'token_classification'\]"):
+        validate(compose_config("finetune", ["task.family=nope"]))
+
+
+def test_register_refuses_a_second_family_of_a_name_and_an_incomplete_one():
+    with pytest.raises(ValueError, match="'classification' is registered twice"):
+        register(Classification())
+
+    class Half(Family):
+        name = "half"
+
+    with pytest.raises(TypeError, match=r"Half does not set \['metrics', 'model_class'"):
+        register(Half())
+    assert "half" not in FAMILIES
+
+
+def test_check_installed_asks_each_family():
+    check_installed(["accuracy", "seqeval", "squad"])  # no optional library needed for these
+
+
+class Sentiment(Classification):
+    """A family added from outside the package: a name, its own metric table and a check of its own."""
+
+    name = "sentiment"
+    metrics = {"accuracy": ("accuracy",), "polarity": ("accuracy",)}
+
+    def check(self, task, files):
+        problems = super().check(task, files)
+        if len(task.text_fields) != 1:
+            problems.append(f"task.text_fields={list(task.text_fields)}: task.family=sentiment reads one sentence")
+        return problems
+
+
+def test_a_new_family_is_one_registered_object(tmp_path):
+    """Registering a family is all it takes for the config check, the data pipeline and the model to use it."""
+    family = register(Sentiment())
+    try:
+        assert family_for("sentiment") is family
+        overrides = ["model=tiny-bert", "task=demo", "task.family=sentiment", "task.metrics=[polarity]",
+                     "task.main_metric=accuracy", "task.max_train_samples=16", "task.max_eval_samples=8",
+                     f"cache_dir={tmp_path}"]
+        cfg = compose_config("finetune", overrides)
+        validate(cfg)
+        assert metric_keys(cfg.task) == ["accuracy"]
+        with pytest.raises(ConfigError, match="task.family=sentiment reads one sentence"):
+            validate(compose_config("finetune", [*overrides, "task.text_fields=[a,b]"]))
+        with pytest.raises(ConfigError, match=r"\['pearson'\], which task.family=sentiment does not compute"):
+            validate(compose_config("finetune", [*overrides, "task.metrics=[pearson]", "task.main_metric=pearson"]))
+
+        tokenizer = load_tokenizer(cfg.model)
+        data = prepare_data(cfg, family, tokenizer, contextlib.nullcontext)
+        assert data.family is family and data.labels == ["negative", "positive"] and len(data.train) == 16
+        model = build_model(cfg.model, tokenizer, data.labels, family)
+        assert type(model).__name__.endswith("ForSequenceClassification") and model.config.num_labels == 2
+    finally:
+        del FAMILIES["sentiment"]
