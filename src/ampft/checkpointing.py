@@ -35,6 +35,8 @@ from accelerate import Accelerator
 from accelerate.utils import load as accelerate_load
 from omegaconf import OmegaConf
 
+from ampft.errors import CheckpointError
+
 log = logging.getLogger(__name__)
 STEP_DIR = re.compile(r"^step_(\d+)$")
 MANIFEST = "manifest.json"
@@ -52,10 +54,6 @@ EXACTNESS_KEYS = ("model.", "task.", "precision.", "optim.", "scheduler.", "trai
                   "trainer.padding", "trainer.pad_to_multiple_of", "trainer.compile", "trainer.epochs")
 HARMLESS_KEYS = ("task.max_eval_samples", "task.validation_file", "task.validation_split", "task.positive_label",
                  "precision.max_loss_ratio")
-
-
-class CheckpointError(RuntimeError):
-    pass
 
 
 def _step(path: Path) -> int:

@@ -24,6 +24,8 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from ampft.errors import ConfigError  # noqa: F401  (re-exported: `from ampft.config import ConfigError`)
+
 
 class Choice(str, Enum):
     """A config choice: compares equal to its string and prints as it (so `${precision.name}` in a path
@@ -350,18 +352,6 @@ def register_configs() -> None:
 
 
 register_configs()
-
-
-class ConfigError(ValueError):
-    """Every problem found in a config, one per line, each naming the key and what would work."""
-
-    what = "the config"
-
-    def __init__(self, problems: list[str]):
-        self.problems = problems
-        super().__init__(
-            f"{len(problems)} problem(s) in {self.what}:\n" + "\n".join(f"  - {p}" for p in problems)
-        )
 
 
 # The metrics each task family computes, and the result keys each metric produces: what task.main_metric

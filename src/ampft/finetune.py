@@ -34,6 +34,7 @@ from ampft.config import (
 from ampft.data import build_dataloaders, eval_dataloader, prepare_data
 from ampft.data.load import positive_label
 from ampft.engine import Loop, TrainingDiverged, TrainState, fit, weights_finite
+from ampft.errors import Preempted
 from ampft.evaluation.metrics import check_installed
 from ampft.models import MODEL_CLASSES, build_model, load_tokenizer
 from ampft.tracking import Tracker, format_summary, log_with, peak_memory_bytes, write_summary
@@ -103,7 +104,12 @@ def run(cfg: DictConfig, run_dir: Path, started: float | None = None) -> dict[st
     try:
         loop, tokenizer, ran_precision = build(cfg, run_dir)
         setup_seconds = time.perf_counter() - started  # to the first training step: model, data, cache
-        fit(loop)
+        try:
+            fit(loop)
+        except Preempted as exc:  # for job scripts: launchers do not pass exit code 75 on, the marker says it
+            if loop.accelerator.is_main_process:
+                (run_dir / Preempted.marker).write_text(f"{exc}\n")
+            raise
         loop.tracker.close()
         return finish(loop, tokenizer, ran_precision, started, setup_seconds)
     finally:

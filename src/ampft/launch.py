@@ -22,6 +22,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from ampft.errors import ConfigError, exit_on_error
+
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = "recipes/finetune.py"
 
@@ -69,8 +71,8 @@ def commands(cfg: DictConfig, overrides: list[str], create: bool = True) -> tupl
     if d.backend == Backend.single and d.num_processes == 1 and d.num_machines == 1:
         return [[sys.executable, RECIPE, *passed, f"hydra.run.dir={_run_dir(cfg, overrides, create)}"]], {}
     if d.num_machines > 1 and _run_dir(cfg, overrides, create=False) is None:
-        raise SystemExit("error: several machines need one shared run directory: pass hydra.run.dir=/shared/path "
-                         "(or run under SLURM, where $SLURM_JOB_ID names it)")
+        raise ConfigError(["several machines need one shared run directory: pass hydra.run.dir=/shared/path "
+                           "(or run under SLURM, where $SLURM_JOB_ID names it)"])
     env = {}
     if not torch.cuda.is_available() and d.backend in (Backend.ddp, Backend.fsdp):
         # MULTI_CPU ranks over gloo (`--cpu` alone starts one process); FSDP2 then runs on them
@@ -94,14 +96,11 @@ def main(argv: list[str]) -> None:
     overrides = [a for a in argv if a != "--dry-run"]
     if any(a.startswith("-") for a in overrides):  # Hydra flags (-m, --cfg, ...): the recipe handles them
         os.execv(sys.executable, [sys.executable, RECIPE, *overrides])
-    from ampft.config import ConfigError, validate
+    from ampft.config import validate
 
     cfg = compose(overrides)
-    try:
-        for warning in validate(cfg):
-            print(f"warning: {warning}", file=sys.stderr)
-    except ConfigError as exc:
-        raise SystemExit(f"error: {exc}") from None
+    for warning in validate(cfg):
+        print(f"warning: {warning}", file=sys.stderr)
     if cfg.checkpoint.resume == "latest" and not any(o.startswith("hydra.run.dir=") for o in overrides):
         print("warning: checkpoint.resume=latest without hydra.run.dir: this run gets a new run dir, so it starts "
               "afresh; to resume a run, pass hydra.run.dir=<its run dir>", file=sys.stderr)
@@ -118,4 +117,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    exit_on_error(main)(sys.argv[1:])

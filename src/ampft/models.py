@@ -29,6 +29,7 @@ from transformers import (
 from transformers.utils import is_flash_attn_2_available
 
 from ampft.config import AttnImplementation, Precision, TaskFamily
+from ampft.errors import ModelLoadError
 
 log = logging.getLogger(__name__)
 
@@ -39,10 +40,6 @@ MODEL_CLASSES = {
     TaskFamily.token_classification: AutoModelForTokenClassification,
     TaskFamily.question_answering: AutoModelForQuestionAnswering,
 }
-
-
-class ModelLoadError(RuntimeError):
-    pass
 
 
 def resolve_path(name_or_path: str) -> str:

@@ -26,6 +26,7 @@ from omegaconf import DictConfig
 
 from ampft.config import TaskFamily
 from ampft.data.load import extra_split_names
+from ampft.errors import exit_on_error
 
 # Scores the sequence-classification metrics give as fractions; the papers (and NER/QA here) use percent.
 FRACTIONS = (TaskFamily.classification, TaskFamily.regression)
@@ -151,4 +152,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    exit_on_error(main)(sys.argv[1:])

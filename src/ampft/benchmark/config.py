@@ -17,6 +17,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig
 
 from ampft.config import ConfigError, validate
+from ampft.errors import BenchmarkConfigError
 
 CONF_DIR = Path(__file__).resolve().parents[3] / "conf"
 
@@ -103,12 +104,6 @@ def register_configs() -> None:
 
 
 register_configs()
-
-
-class BenchmarkConfigError(ConfigError):
-    """Every problem found in a benchmark config (or the peer benchmark's), one per line, each naming the key."""
-
-    what = "the benchmark config"
 
 
 def compose_arm(overrides: list[str], where: str, problems: list[str], conf_dir: Path = CONF_DIR) -> DictConfig | None:

@@ -22,14 +22,11 @@ from datasets import ClassLabel, Dataset, DatasetDict, load_dataset
 from omegaconf import DictConfig
 
 from ampft.config import TaskFamily
+from ampft.errors import DataError
 
 log = logging.getLogger(__name__)
 
 FORMATS = {".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
-
-
-class DataError(ValueError):
-    pass
 
 
 def file_format(path: str) -> str:

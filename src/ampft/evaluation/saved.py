@@ -23,14 +23,11 @@ from ampft import checkpointing, precision, tasks
 from ampft.config import ConfigError, FinetuneConfig, TaskFamily
 from ampft.data import eval_dataloader, prepare_data
 from ampft.data.load import positive_label
+from ampft.errors import EvaluationError
 from ampft.evaluation.metrics import check_installed
 from ampft.models import MODEL_CLASSES
 
 log = logging.getLogger(__name__)
-
-
-class EvaluationError(ValueError):
-    pass
 
 
 def _source(e: DictConfig) -> tuple[Path, Path, str]:
