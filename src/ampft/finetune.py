@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 import math
-import platform
 import time
 from pathlib import Path
 from typing import Any
@@ -285,13 +284,7 @@ def _positive_label(cfg: DictConfig, model) -> str | None:
 def _device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    return precision.cpu_name()
 
 
 def _command(run_dir: Path) -> str | None:

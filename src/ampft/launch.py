@@ -14,14 +14,13 @@ command for every machine instead of running it.
 from __future__ import annotations
 
 import os
-import secrets
 import shlex
 import sys
-import time
 from pathlib import Path
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
+from ampft.config import run_stamp, to_plain
 from ampft.errors import ConfigError, exit_on_error
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,20 +37,33 @@ def compose(overrides: list[str]) -> DictConfig:
         return hydra_compose(config_name="finetune", overrides=overrides)
 
 
+def run_dir_base(cfg: DictConfig) -> str:
+    """The folder new run dirs go into: conf/finetune.yaml's hydra.run.dir (the one place the pattern is
+    written) without its last part, the `${ampft_stamp:}`, resolved against this run's config."""
+    pattern = OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "finetune.yaml"))["hydra"]["run"]["dir"]
+    base, stamp = pattern.rsplit("/", 1)
+    assert stamp == "${ampft_stamp:}", f"conf/finetune.yaml: hydra.run.dir={pattern} must end in /${{ampft_stamp:}}"
+    return OmegaConf.create({**to_plain(cfg), "_run_dir_base": base})["_run_dir_base"]
+
+
 def _run_dir(cfg: DictConfig, overrides: list[str], create: bool = True) -> str | None:
     """hydra.run.dir if given; else a new folder `<time>_<random>` under runs/<task>/<model>-<precision>,
     created here (exist_ok=False: taken by no other run); None for several machines outside SLURM."""
     given = [o.split("=", 1)[1] for o in overrides if o.startswith("hydra.run.dir=")]
     if given:
         return given[-1]
-    base = f"runs/{cfg.task.name}/{cfg.model.name}-{cfg.precision.name.value}"
+    base = run_dir_base(cfg)
     if cfg.distributed.num_machines > 1:
         job = os.environ.get("SLURM_JOB_ID")
         return f"{base}/job-{job}" if job else None
+    drawn = set()
     while True:
-        path = f"{base}/{time.strftime('%Y-%m-%d_%H-%M-%S')}_{secrets.token_hex(3)}"
+        path = f"{base}/{run_stamp()}"
         if not create:
             return path
+        if path in drawn:  # run_stamp is fixed inside a rank ($LOCAL_RANK): no other name to draw
+            raise ConfigError([f"run dir {path} exists and no other name can be drawn here: pass hydra.run.dir="])
+        drawn.add(path)
         try:
             Path(path).mkdir(parents=True, exist_ok=False)
             return path

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import csv
 import functools
-import hashlib
 import json
 import logging
 import math
@@ -21,6 +20,7 @@ from pathlib import Path
 from datasets import ClassLabel, Dataset, DatasetDict, load_dataset
 from omegaconf import DictConfig
 
+from ampft import files
 from ampft.config import TaskFamily
 from ampft.errors import DataError
 
@@ -85,8 +85,7 @@ def file_digest(path: str | os.PathLike) -> str:
 
 @functools.lru_cache(maxsize=64)
 def _digest(path: str, size: int, *stamp: int) -> str:
-    with open(path, "rb") as f:
-        return f"{size}-{hashlib.file_digest(f, 'sha256').hexdigest()[:20]}"
+    return f"{size}-{files.sha256(path)[:20]}"
 
 
 def check_rows(path: str, split: str, column_names: list[str] | None = None) -> None:
@@ -175,12 +174,12 @@ def _load_files(task: DictConfig, read_file: Callable[[str, str], Dataset]) -> D
 
 
 def _load_hub(task: DictConfig) -> DatasetDict:
-    from ampft.models import _hub_reachable
+    from ampft.models import hub_reachable
 
     try:
         raw = load_dataset(task.dataset, task.subset)
     except Exception as exc:  # datasets raises several types for "not cached and offline"
-        if _hub_reachable():
+        if hub_reachable():
             raise
         raise DataError(
             f"task={task.name}: dataset {task.dataset}{'/' + task.subset if task.subset else ''} is not in the "
