@@ -67,7 +67,8 @@ class AttnImplementation(Choice):
 
 
 class OptimImplementation(Choice):
-    auto = "auto"  # fused on CUDA and CPU (5x foreach on 2 CPU cores), foreach elsewhere and under fp16
+    # fused on CUDA and CPU (docs/benchmarks/microbench.md#adamw-why-optimimplementationauto-is-fused-on-cpu-too), foreach elsewhere and under fp16
+    auto = "auto"
     fused = "fused"
     foreach = "foreach"
     loop = "loop"  # plain per-parameter loop, the slowest; for debugging

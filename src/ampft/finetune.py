@@ -45,8 +45,8 @@ def build_optimizer(model: torch.nn.Module, o: DictConfig, device: torch.device,
                     loss_scaling: bool = False) -> torch.optim.AdamW:
     """AdamW without weight decay on biases and LayerNorm weights.
 
-    `auto`: fused kernels on CUDA and CPU (one kernel over all parameters; 16 vs 78 ms a step for
-    MiniLM-L6 on 2 CPU cores), foreach elsewhere and under fp16 loss scaling: a fused step takes the
+    `auto`: fused kernels on CUDA and CPU (one kernel over all parameters; measured in
+    docs/benchmarks/microbench.md#adamw-why-optimimplementationauto-is-fused-on-cpu-too), foreach elsewhere and under fp16 loss scaling: a fused step takes the
     scaler's inf flag inside the kernel instead of being skipped, and the skipped-step accounting (step
     counter, scheduler, telemetry) needs the skip to show."""
     decay, no_decay = [], []

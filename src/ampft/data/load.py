@@ -74,9 +74,7 @@ def _load_file(path: str, split: str, column_names: list[str] | None = None) -> 
 def file_digest(path: str | os.PathLike) -> str:
     """`<size>-<sha256 prefix>` of a file's content: what caches of data read from it are keyed by.
 
-    Hashing is cheap next to reading and tokenizing: SST-2's train.tsv (3.8 MB) took 2.8 ms and a 100 MB
-    file 0.17 s (hashlib SHA-256, 2-core development machine, shared; page cache warm), measured with
-    `python -m timeit -s "from ampft.data.load import _digest" "_digest.__wrapped__('FILE', 0)"`.
+    Hashing is cheap next to reading and tokenizing (docs/benchmarks/microbench.md#hashing-data-files).
     Memoized per process by (path, size, mtime, ctime, inode): ctime changes with any rewrite, even one
     that restores the mtime, so a memo is never stale."""
     st = os.stat(path)
