@@ -8,33 +8,22 @@ Configs live in conf/benchmark/; each arm is a list of ordinary finetune overrid
 into the run directory (runs/benchmark/<name>/<time>/): report.md, results.json, results.csv, PNG plots.
 """
 
-import sys
-from pathlib import Path
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
 
-# Run as a script, recipes/ is sys.path[0]: a recipe named like a library (evaluate.py) would shadow it.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
-
-import hydra  # noqa: E402
-from hydra.core.hydra_config import HydraConfig  # noqa: E402
-from omegaconf import DictConfig  # noqa: E402
-
-import ampft.benchmark.config  # noqa: E402, F401  (registers the benchmark schema before composition)
+import ampft.benchmark.config  # noqa: F401  (registers the benchmark schema before composition)
+from ampft.errors import exit_on_error
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="benchmark_recipe")
+@exit_on_error
 def main(cfg: DictConfig) -> None:
-    from ampft.benchmark import BenchmarkConfigError, run_benchmark
-    from ampft.config import ConfigError
-    from ampft.data import DataError
-    from ampft.models import ModelLoadError
+    from ampft.benchmark import run_benchmark
 
     overrides = " ".join(HydraConfig.get().overrides.task)
     command = f"python recipes/benchmark.py {overrides}".strip()
-    try:
-        path = run_benchmark(cfg.benchmark, HydraConfig.get().runtime.output_dir, command=command)
-    except (BenchmarkConfigError, ConfigError, DataError, ModelLoadError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(2)
+    path = run_benchmark(cfg.benchmark, HydraConfig.get().runtime.output_dir, command=command)
     print(f"report: {path}", flush=True)
 
 

@@ -1,23 +1,21 @@
 """Evaluate a saved run or checkpoint: `python recipes/eval.py run=RUN_DIR [file=PATH] [split=train]`.
 
-(Not named evaluate.py: this folder is on sys.path when a recipe runs, and would shadow the `evaluate` library.)"""
-
-import sys
+Not named evaluate.py: `python recipes/X.py` puts this folder first on sys.path, so a recipe named like a
+library (`evaluate`) would shadow it for every import in the run. Every recipe is named so that none shadows
+one (tests/integration/test_exit_codes.py checks it); no recipe edits sys.path."""
 
 import hydra
 from omegaconf import DictConfig
 
+from ampft.errors import exit_on_error
+
 
 @hydra.main(version_base="1.3", config_path="../conf/evaluate", config_name="evaluate")
+@exit_on_error
 def main(e: DictConfig) -> None:
-    from ampft.data import DataError
-    from ampft.evaluation.saved import EvaluationError, evaluate_saved
+    from ampft.evaluation.saved import evaluate_saved
 
-    try:
-        out = evaluate_saved(e)
-    except (EvaluationError, DataError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(2)
+    out = evaluate_saved(e)
     metrics = ", ".join(f"{k}={v:.4g}" for k, v in out["metrics"].items())
     print(f"{out['data']}: {metrics} ({out['samples']} examples) -> {out.get('path')}")
 

@@ -7,44 +7,26 @@
 
 import logging
 import os
-import sys
 import time
-from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 import ampft.config  # noqa: F401  (registers the structured schema before composition)
+from ampft.errors import exit_on_error
 
 STARTED = time.perf_counter()
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="finetune")
+@exit_on_error
 def main(cfg: DictConfig) -> float:
     if int(os.environ.get("RANK", "0")) != 0:  # only rank 0 reports; the others speak up on problems
         logging.getLogger().setLevel(logging.WARNING)
-    from ampft.checkpointing import CheckpointError
-    from ampft.config import ConfigError
-    from ampft.data import DataError
-    from ampft.engine import Preempted, TrainingDiverged
     from ampft.finetune import run
-    from ampft.models import ModelLoadError
 
-    run_dir = HydraConfig.get().runtime.output_dir
-    try:
-        summary = run(cfg, run_dir, started=STARTED)
-    except (ConfigError, DataError, ModelLoadError, CheckpointError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(2)
-    except TrainingDiverged as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(3)
-    except Preempted as exc:
-        print(f"preempted: {exc}", file=sys.stderr)
-        if int(os.environ.get("RANK", "0")) == 0:  # for job scripts: launchers do not pass exit code 75 on
-            (Path(run_dir) / Preempted.marker).write_text(f"{exc}\n")
-        sys.exit(Preempted.exit_code)
+    summary = run(cfg, HydraConfig.get().runtime.output_dir, started=STARTED)
     return summary["eval"][cfg.task.main_metric]
 
 

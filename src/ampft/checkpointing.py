@@ -35,13 +35,16 @@ from accelerate import Accelerator
 from accelerate.utils import load as accelerate_load
 from omegaconf import OmegaConf
 
+from ampft import files
+from ampft.config import flat
+from ampft.errors import CheckpointError
+
 log = logging.getLogger(__name__)
 STEP_DIR = re.compile(r"^step_(\d+)$")
 MANIFEST = "manifest.json"
 TRAIN_STATE = "train_state.json"
 SCHEDULER = "scheduler.json"  # the LR scheduler, where Accelerate's save_state leaves it out (DeepSpeed)
-HASH = "sha256"  # hashlib; with SHA extensions the fastest of hashlib's on x86 and ARM (docs/architecture.md)
-BLOCK = 8 << 20
+HASH = "sha256"  # the manifest's key for the checksums (ampft.files.sha256)
 PICKLE = re.compile(r"^custom_checkpoint_\d+\.pkl$")  # Accelerate's custom state: unpickled with weights_only=False
 
 # Config keys whose change breaks an exact resume (prefixes). Everything else (logging, evaluation
@@ -54,10 +57,6 @@ HARMLESS_KEYS = ("task.max_eval_samples", "task.validation_file", "task.validati
                  "precision.max_loss_ratio")
 
 
-class CheckpointError(RuntimeError):
-    pass
-
-
 def _step(path: Path) -> int:
     return int(STEP_DIR.match(path.name).group(1))
 
@@ -66,21 +65,9 @@ def config_hash(config: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def _digest(path: Path, sync: bool = False) -> str:
-    """SHA-256 of a file, streamed in 8 MiB blocks (hashlib releases the GIL: files hash in parallel)."""
-    h = hashlib.new(HASH)
-    buf = memoryview(bytearray(BLOCK))
-    with open(path, "rb") as f:
-        while n := f.readinto(buf):
-            h.update(buf[:n])
-        if sync:
-            os.fsync(f.fileno())
-    return h.hexdigest()
-
-
 def digests(folder: Path, names: list[str], sync: bool = False) -> dict[str, str]:
     with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
-        return dict(zip(names, pool.map(lambda n: _digest(folder / n, sync), names), strict=True))
+        return dict(zip(names, pool.map(lambda n: files.sha256(folder / n, sync), names), strict=True))
 
 
 def _fsync_dir(path: Path) -> None:
@@ -355,16 +342,9 @@ def load(accelerator: Accelerator, path: Path, scheduler=None) -> dict[str, Any]
     return state
 
 
-def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
-    return out
-
-
 def breaking_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
     """Keys that differ between the checkpoint's config and this run's and break an exact resume."""
-    a, b = _flat(saved), _flat(current)
+    a, b = flat(saved), flat(current)
     out = []
     for key in sorted(set(a) | set(b)):
         if a.get(key) == b.get(key) or key.startswith(HARMLESS_KEYS):

@@ -22,6 +22,8 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from ampft.errors import ConfigError  # noqa: F401  (re-exported: `from ampft.config import ConfigError`)
+
 
 class Choice(str, Enum):
     """A config choice: compares equal to its string and prints as it (so `${precision.name}` in a path
@@ -56,7 +58,8 @@ class AttnImplementation(Choice):
 
 
 class OptimImplementation(Choice):
-    auto = "auto"  # fused on CUDA and CPU (5x foreach on 2 CPU cores), foreach elsewhere and under fp16
+    # fused on CUDA and CPU (docs/benchmarks/microbench.md#adamw-why-optimimplementationauto-is-fused-on-cpu-too), foreach elsewhere and under fp16
+    auto = "auto"
     fused = "fused"
     foreach = "foreach"
     loop = "loop"  # plain per-parameter loop, the slowest; for debugging
@@ -163,13 +166,13 @@ class TaskConfig:
 class PrecisionConfig:
     name: Precision = Precision.fp32
     # Dynamic loss scaling (fp16 only), one set of keys for every backend; see docs/precision.md.
-    init_scale: float = 65536.0
-    growth_factor: float = 2.0
-    backoff_factor: float = 0.5
+    init_scale: float = 65536.0  # 2^16, torch's default
+    growth_factor: float = 2.0  # scale *= growth_factor after growth_interval clean steps
+    backoff_factor: float = 0.5  # scale *= backoff_factor on overflow (the step is skipped)
     growth_interval: int = 2000
-    hysteresis: int = 1
-    min_scale: float = 1.0
-    static_scale: float | None = None
+    hysteresis: int = 1  # overflows tolerated before backing off (DeepSpeed only)
+    min_scale: float = 1.0  # a scale that collapses below this stops the run
+    static_scale: float | None = None  # a fixed scale instead of dynamic scaling
     # Stop the run after this many optimizer steps in a row with a non-finite loss.
     max_consecutive_nonfinite: int = 10
     # Stop the run when a logging window's mean loss exceeds this multiple of the initial loss (the first
@@ -245,7 +248,7 @@ class TrainerConfig:
     eval_batch_size: int | None = None  # null: 2 x batch_size
     grad_accum: int = 1
     max_grad_norm: float = 1.0  # 0 disables clipping
-    log_every: int = 50  # optimizer steps
+    log_every: int = 20  # optimizer steps
     eval_every: int = 0  # optimizer steps; 0: at the end of every epoch
     seed: int = 42
     # Batches of similar lengths (shuffled mega-batches sorted by length, batches shuffled); evaluation
@@ -256,7 +259,9 @@ class TrainerConfig:
     length_group_size: int = 8
     padding: Padding = Padding.longest
     pad_to_multiple_of: int | None = None  # null: 8 under fp16/bf16 (Tensor Core shapes), else 1
-    compile: bool = False  # torch.compile the model; sequence lengths are bucketed to bound recompiles
+    # torch.compile the model; sequence lengths are bucketed to bound recompiles. Pays off only for long runs
+    # (docs/benchmarks/peer-sst2).
+    compile: bool = False
     compile_buckets: int = 8  # with compile: lengths padded up to one of this many sizes <= task.max_length
     num_workers: int | None = None  # dataloader workers; null: 2 on CUDA (overlap collation), 0 on CPU
     cpu: bool = False  # force CPU even where a GPU is present
@@ -282,7 +287,8 @@ class CheckpointConfig:
 @dataclass
 class LoggingConfig:
     name: LoggerName = LoggerName.tensorboard
-    project: str = "ampft"
+    # The tracker's project (wandb, mlflow); for tensorboard the folder under the run dir (<run dir>/tensorboard).
+    project: str = "tensorboard"
 
 
 @dataclass
@@ -345,34 +351,16 @@ def register_configs() -> None:
 register_configs()
 
 
-class ConfigError(ValueError):
-    """Every problem found in a config, one per line, each naming the key and what would work."""
-
-    what = "the config"
-
-    def __init__(self, problems: list[str]):
-        self.problems = problems
-        super().__init__(
-            f"{len(problems)} problem(s) in {self.what}:\n" + "\n".join(f"  - {p}" for p in problems)
-        )
-
-
 def to_plain(cfg: DictConfig) -> dict[str, Any]:
     """The resolved config as plain JSON-able data (enums as strings)."""
     return OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)  # type: ignore[return-value]
 
 
 def flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Flatten nested dicts to dotted keys with scalar values (for tracker hparams)."""
+    """Nested dicts as one dict with dotted keys (`trainer.batch_size`); other values (lists, None) as they are."""
     out: dict[str, Any] = {}
     for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(flat(v, key + "."))
-        elif isinstance(v, int | float | str | bool):
-            out[key] = v
-        else:
-            out[key] = str(v)
+        out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
     return out
 
 

@@ -25,6 +25,7 @@ from omegaconf import DictConfig
 
 from ampft import checkpointing
 from ampft.config import metric_mode, to_plain
+from ampft.errors import Preempted, TrainingDiverged
 from ampft.tracking import Tracker
 
 log = logging.getLogger(__name__)
@@ -118,10 +119,6 @@ class Meters:
 
     def restart(self) -> None:
         self.tic = time.perf_counter()
-
-
-class TrainingDiverged(RuntimeError):
-    """Non-finite or exploding losses, or a collapsed fp16 loss scale: stop, keep the last good checkpoint."""
 
 
 class Guard:
@@ -385,13 +382,6 @@ def _checkpoint(loop: Loop, meters: Meters, guard: Guard) -> None:
         metric_mode(ck.metric or loop.cfg.task.main_metric, ck.mode), parent=loop.last_checkpoint,
         scheduler=loop.scheduler)
     meters.restart()
-
-
-class Preempted(Exception):
-    """SIGTERM/SIGUSR1 arrived; a checkpoint was written at the next step boundary."""
-
-    exit_code = 75  # EX_TEMPFAIL: try again (resume with checkpoint.resume=latest)
-    marker = "PREEMPTED"  # written into the run dir: `accelerate launch` exits 1 when its ranks exit 75
 
 
 @contextmanager

@@ -11,16 +11,14 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
+from ampft.errors import MissingExtraError
+
 # extra -> the pip packages it installs (the same lists as [project.optional-dependencies]).
 EXTRAS = {
     "metrics": "scikit-learn scipy",
     "plots": "matplotlib",
     "tensorboard": "tensorboard",
 }
-
-
-class MissingExtraError(ImportError):
-    """An optional library that a feature needs is not installed."""
 
 
 def require(module: str, extra: str, feature: str) -> ModuleType:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 import math
-import platform
 import time
 from pathlib import Path
 from typing import Any
@@ -31,6 +30,7 @@ from ampft.config import (
 )
 from ampft.data import build_dataloaders, eval_dataloader, prepare_data
 from ampft.engine import Loop, TrainingDiverged, TrainState, fit, weights_finite
+from ampft.errors import Preempted
 from ampft.models import build_model, load_tokenizer
 from ampft.tracking import Tracker, format_summary, log_with, peak_memory_bytes, write_summary
 from ampft.validation import validate
@@ -42,8 +42,8 @@ def build_optimizer(model: torch.nn.Module, o: DictConfig, device: torch.device,
                     loss_scaling: bool = False) -> torch.optim.AdamW:
     """AdamW without weight decay on biases and LayerNorm weights.
 
-    `auto`: fused kernels on CUDA and CPU (one kernel over all parameters; 16 vs 78 ms a step for
-    MiniLM-L6 on 2 CPU cores), foreach elsewhere and under fp16 loss scaling: a fused step takes the
+    `auto`: fused kernels on CUDA and CPU (one kernel over all parameters; measured in
+    docs/benchmarks/microbench.md#adamw-why-optimimplementationauto-is-fused-on-cpu-too), foreach elsewhere and under fp16 loss scaling: a fused step takes the
     scaler's inf flag inside the kernel instead of being skipped, and the skipped-step accounting (step
     counter, scheduler, telemetry) needs the skip to show."""
     decay, no_decay = [], []
@@ -100,7 +100,12 @@ def run(cfg: DictConfig, run_dir: Path, started: float | None = None) -> dict[st
     try:
         loop, tokenizer, ran_precision = build(cfg, run_dir)
         setup_seconds = time.perf_counter() - started  # to the first training step: model, data, cache
-        fit(loop)
+        try:
+            fit(loop)
+        except Preempted as exc:  # for job scripts: launchers do not pass exit code 75 on, the marker says it
+            if loop.accelerator.is_main_process:
+                (run_dir / Preempted.marker).write_text(f"{exc}\n")
+            raise
         loop.tracker.close()
         return finish(loop, tokenizer, ran_precision, started, setup_seconds)
     finally:
@@ -275,13 +280,7 @@ def _positive_label(cfg: DictConfig, family: tasks.Family, model) -> str | None:
 def _device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    return precision.cpu_name()
 
 
 def _command(run_dir: Path) -> str | None:

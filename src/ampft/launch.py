@@ -14,13 +14,14 @@ command for every machine instead of running it.
 from __future__ import annotations
 
 import os
-import secrets
 import shlex
 import sys
-import time
 from pathlib import Path
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
+
+from ampft.config import run_stamp, to_plain
+from ampft.errors import ConfigError, exit_on_error
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = "recipes/finetune.py"
@@ -36,20 +37,33 @@ def compose(overrides: list[str]) -> DictConfig:
         return hydra_compose(config_name="finetune", overrides=overrides)
 
 
+def run_dir_base(cfg: DictConfig) -> str:
+    """The folder new run dirs go into: conf/finetune.yaml's hydra.run.dir (the one place the pattern is
+    written) without its last part, the `${ampft_stamp:}`, resolved against this run's config."""
+    pattern = OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "finetune.yaml"))["hydra"]["run"]["dir"]
+    base, stamp = pattern.rsplit("/", 1)
+    assert stamp == "${ampft_stamp:}", f"conf/finetune.yaml: hydra.run.dir={pattern} must end in /${{ampft_stamp:}}"
+    return OmegaConf.create({**to_plain(cfg), "_run_dir_base": base})["_run_dir_base"]
+
+
 def _run_dir(cfg: DictConfig, overrides: list[str], create: bool = True) -> str | None:
     """hydra.run.dir if given; else a new folder `<time>_<random>` under runs/<task>/<model>-<precision>,
     created here (exist_ok=False: taken by no other run); None for several machines outside SLURM."""
     given = [o.split("=", 1)[1] for o in overrides if o.startswith("hydra.run.dir=")]
     if given:
         return given[-1]
-    base = f"runs/{cfg.task.name}/{cfg.model.name}-{cfg.precision.name.value}"
+    base = run_dir_base(cfg)
     if cfg.distributed.num_machines > 1:
         job = os.environ.get("SLURM_JOB_ID")
         return f"{base}/job-{job}" if job else None
+    drawn = set()
     while True:
-        path = f"{base}/{time.strftime('%Y-%m-%d_%H-%M-%S')}_{secrets.token_hex(3)}"
+        path = f"{base}/{run_stamp()}"
         if not create:
             return path
+        if path in drawn:  # run_stamp is fixed inside a rank ($LOCAL_RANK): no other name to draw
+            raise ConfigError([f"run dir {path} exists and no other name can be drawn here: pass hydra.run.dir="])
+        drawn.add(path)
         try:
             Path(path).mkdir(parents=True, exist_ok=False)
             return path
@@ -69,8 +83,8 @@ def commands(cfg: DictConfig, overrides: list[str], create: bool = True) -> tupl
     if d.backend == Backend.single and d.num_processes == 1 and d.num_machines == 1:
         return [[sys.executable, RECIPE, *passed, f"hydra.run.dir={_run_dir(cfg, overrides, create)}"]], {}
     if d.num_machines > 1 and _run_dir(cfg, overrides, create=False) is None:
-        raise SystemExit("error: several machines need one shared run directory: pass hydra.run.dir=/shared/path "
-                         "(or run under SLURM, where $SLURM_JOB_ID names it)")
+        raise ConfigError(["several machines need one shared run directory: pass hydra.run.dir=/shared/path "
+                           "(or run under SLURM, where $SLURM_JOB_ID names it)"])
     env = {}
     if not torch.cuda.is_available() and d.backend in (Backend.ddp, Backend.fsdp):
         # MULTI_CPU ranks over gloo (`--cpu` alone starts one process); FSDP2 then runs on them
@@ -94,15 +108,11 @@ def main(argv: list[str]) -> None:
     overrides = [a for a in argv if a != "--dry-run"]
     if any(a.startswith("-") for a in overrides):  # Hydra flags (-m, --cfg, ...): the recipe handles them
         os.execv(sys.executable, [sys.executable, RECIPE, *overrides])
-    from ampft.config import ConfigError
     from ampft.validation import validate
 
     cfg = compose(overrides)
-    try:
-        for warning in validate(cfg):
-            print(f"warning: {warning}", file=sys.stderr)
-    except ConfigError as exc:
-        raise SystemExit(f"error: {exc}") from None
+    for warning in validate(cfg):
+        print(f"warning: {warning}", file=sys.stderr)
     if cfg.checkpoint.resume == "latest" and not any(o.startswith("hydra.run.dir=") for o in overrides):
         print("warning: checkpoint.resume=latest without hydra.run.dir: this run gets a new run dir, so it starts "
               "afresh; to resume a run, pass hydra.run.dir=<its run dir>", file=sys.stderr)
@@ -119,4 +129,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    exit_on_error(main)(sys.argv[1:])

@@ -27,14 +27,12 @@ from transformers import (
 from transformers.utils import is_flash_attn_2_available
 
 from ampft.config import AttnImplementation, Precision
+from ampft.errors import ModelLoadError
 
 if TYPE_CHECKING:
     from ampft.tasks.base import Family
 
 log = logging.getLogger(__name__)
-
-class ModelLoadError(RuntimeError):
-    pass
 
 
 def resolve_path(name_or_path: str) -> str:
@@ -51,7 +49,8 @@ def resolve_path(name_or_path: str) -> str:
     return str(Path(next(iter(spec.submodule_search_locations))) / sub)
 
 
-def _hub_reachable(timeout: float = 3.0) -> bool:
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether the Hugging Face Hub (or $HF_ENDPOINT) answers; False at once under HF_HUB_OFFLINE."""
     if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
         return False
     url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
@@ -71,7 +70,7 @@ def _in_hub_cache(repo_id: str) -> bool:
 def check_loadable(location: str, what: str, key: str) -> str:
     """A local folder, or a Hub id that is cached or reachable; else a clear error at once."""
     path = resolve_path(location)
-    if Path(path).is_dir() or _in_hub_cache(path) or _hub_reachable():
+    if Path(path).is_dir() or _in_hub_cache(path) or hub_reachable():
         return path
     raise ModelLoadError(
         f"{what}: {key}={location} is a Hub name, it is not in the local Hugging Face cache, and the Hub "

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import math
+import platform
 
 import torch
 from accelerate import Accelerator
@@ -34,20 +35,30 @@ HALF_CPU_FLAGS = ("avx512_fp16", "amx_fp16", "avx512_bf16", "amx_bf16", "amx_til
 CPU_SPEED_DOC = "docs/benchmarks/README.md#fp16-and-bf16-speed-by-kind-of-cpu"
 
 
-def cpu_flags(cpuinfo: str | None = None) -> set[str]:
-    """The CPU's feature flags: the first `flags` line of /proc/cpuinfo (or of the given text); empty where
-    there is none (not Linux, or an architecture that names them otherwise)."""
+def _cpuinfo(field: str, cpuinfo: str | None = None) -> str | None:
+    """The first `field` line's value in /proc/cpuinfo (or in the given text); None where there is none."""
     if cpuinfo is None:
         try:
             with open("/proc/cpuinfo") as f:
                 cpuinfo = f.read()
         except OSError:
-            return set()
+            return None
     for line in cpuinfo.splitlines():
         key, _, value = line.partition(":")
-        if key.strip() == "flags":
-            return set(value.split())
-    return set()
+        if key.strip() == field:
+            return value.strip()
+    return None
+
+
+def cpu_flags(cpuinfo: str | None = None) -> set[str]:
+    """The CPU's feature flags: the first `flags` line of /proc/cpuinfo (or of the given text); empty where
+    there is none (not Linux, or an architecture that names them otherwise)."""
+    return set((_cpuinfo("flags", cpuinfo) or "").split())
+
+
+def cpu_name(cpuinfo: str | None = None) -> str:
+    """The CPU's model name (/proc/cpuinfo's `model name`), else what the platform module says."""
+    return _cpuinfo("model name", cpuinfo) or platform.processor() or platform.machine()
 
 
 def cpu_half_support(flags: set[str]) -> dict[str, list[str]]:

@@ -25,6 +25,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from ampft.data.load import extra_split_names
+from ampft.errors import exit_on_error
 from ampft.launch import compose
 from ampft.tasks import family_for
 
@@ -148,4 +149,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    exit_on_error(main)(sys.argv[1:])

@@ -57,7 +57,9 @@ class Tracker:
         self.run_dir = run_dir
         self.trackers = logger != "none"
         if self.trackers:
-            accelerator.init_trackers(project, config=hparams)
+            # Trackers take numbers, strings and booleans: anything else (lists, None) as its text.
+            accelerator.init_trackers(project, config={k: v if isinstance(v, int | float | str | bool) else str(v)
+                                                       for k, v in hparams.items()})
         if self.main:
             trim_history(run_dir / "metrics.jsonl", history_until)
         self.jsonl = (run_dir / "metrics.jsonl").open("a") if self.main else None

@@ -74,3 +74,14 @@ def test_arm_overrides_order_and_mode_membership(compose_benchmark):
     assert o[:2] == ["model=minilm-l6", "task=demo"] and o[-1] == "precision=fp16"
     assert "model.pretrained=false" in o  # speed mode: random init
     assert "trainer.seed=7" in arm_overrides(b, b.arms[0], Mode.accuracy, seed=7)
+
+
+def test_seq_len_is_checked_against_the_model_by_validate_alone(compose_benchmark):
+    """One position check (ampft.config's, through validate): benchmark.seq_len becomes task.max_length."""
+    common = ["benchmark.model=tiny-bert", "benchmark.modes=[speed]", "benchmark.seq_len=600"]
+    with pytest.raises(BenchmarkConfigError) as err:
+        check(compose_benchmark(common).benchmark)
+    assert "task.max_length=600: model=tiny-bert has 512 positions; use task.max_length <= 512" in str(err.value)
+    # Relative positions (DeBERTa's position_biased_input=false) have no such limit: accepted.
+    b = compose_benchmark([*common, "benchmark.overrides=[\"logging=none\",\"+model.arch.position_biased_input=false\"]"])
+    assert {cfg.task.max_length for cfg in check(b.benchmark).values()} == {600}

@@ -30,9 +30,8 @@ def test_launcher_creates_a_new_folder_per_run_even_in_the_same_second(tmp_path,
     assert len(set(dirs)) == 20 and all(Path(d).is_dir() for d in dirs)
     assert all(d.startswith("runs/demo/tiny-bert-fp32/20") for d in dirs)
     # A name already taken (another machine on the shared filesystem drew the same suffix): draw again.
-    draws = iter(["aaaaaa", "aaaaaa", "bbbbbb"])
-    monkeypatch.setattr(launch.secrets, "token_hex", lambda n: next(draws))
-    monkeypatch.setattr(launch.time, "strftime", lambda fmt: "2026-12-01_00-00-00")
+    draws = iter(["2026-12-01_00-00-00_aaaaaa", "2026-12-01_00-00-00_aaaaaa", "2026-12-01_00-00-00_bbbbbb"])
+    monkeypatch.setattr(launch, "run_stamp", lambda: next(draws))
     first, second = launch._run_dir(cfg, []), launch._run_dir(cfg, [])
     assert (first, second) == ("runs/demo/tiny-bert-fp32/2026-12-01_00-00-00_aaaaaa",
                                "runs/demo/tiny-bert-fp32/2026-12-01_00-00-00_bbbbbb")
@@ -51,6 +50,14 @@ def test_default_run_dir_stamp_is_unique_per_process_and_shared_by_one_launchers
     assert run_stamp() == run_stamp()
     cfg = compose_config("finetune", ["model=tiny-bert"], return_hydra_config=True)
     assert str(cfg.hydra.run.dir).startswith("runs/demo/tiny-bert-fp32/20")
+
+
+@pytest.mark.parametrize("overrides", [["model=tiny-bert"], ["task=sst2", "precision=bf16"]])
+def test_launcher_and_hydra_share_one_run_dir_pattern(overrides):
+    """conf/finetune.yaml's hydra.run.dir is the one pattern: the launcher's folder is its parent."""
+    hydra_dir = Path(compose_config("finetune", overrides, return_hydra_config=True).hydra.run.dir)
+    assert launch.run_dir_base(compose_config("finetune", overrides)) == str(hydra_dir.parent)
+    assert Path(launch._run_dir(compose_config("finetune", overrides), [], create=False)).parent == hydra_dir.parent
 
 
 def test_two_recipes_started_together_get_two_run_dirs(tmp_path):

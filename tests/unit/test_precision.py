@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import platform
 from pathlib import Path
 
 import pytest
@@ -157,6 +158,12 @@ def test_cpu_flags_are_read_from_cpuinfo():
     assert precision.cpu_half_support(precision.cpu_flags(EPYC)) == {"fp16": [], "bf16": []}
     assert precision.cpu_half_support({"amx_fp16", "avx512_bf16"}) == {"fp16": ["amx_fp16"], "bf16": ["avx512_bf16"]}
     assert precision.cpu_flags() == precision.cpu_flags(Path("/proc/cpuinfo").read_text())  # this machine
+
+
+def test_cpu_name_is_read_from_cpuinfo_by_the_one_reader():
+    assert precision.cpu_name(EPYC) == "AMD EPYC"
+    assert precision.cpu_name("processor\t: 0\n") == (platform.processor() or platform.machine())  # no model name
+    assert precision.cpu_name() == precision.cpu_name(Path("/proc/cpuinfo").read_text())  # this machine
 
 
 @pytest.mark.parametrize("cpuinfo,says", [

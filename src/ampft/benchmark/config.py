@@ -17,6 +17,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig
 
 from ampft.config import ConfigError
+from ampft.errors import BenchmarkConfigError
 from ampft.models import ModelLoadError, check_loadable
 from ampft.validation import validate
 
@@ -105,12 +106,6 @@ def register_configs() -> None:
 
 
 register_configs()
-
-
-class BenchmarkConfigError(ConfigError):
-    """Every problem found in a benchmark config (or the peer benchmark's), one per line, each naming the key."""
-
-    what = "the benchmark config"
 
 
 def compose_arm(overrides: list[str], where: str, problems: list[str], conf_dir: Path = CONF_DIR) -> DictConfig | None:
@@ -241,16 +236,9 @@ def check(b: DictConfig, conf_dir: Path = CONF_DIR) -> dict[tuple[str, str, int 
                 problems.extend(invalid)
                 continue
             problems.extend(loadability_problems(cfg, where))  # fail now, not after the speed arms have run
-            if mode == Mode.speed:
-                if cfg.trainer.grad_accum != 1:
-                    problems.append(f"{where}: trainer.grad_accum={cfg.trainer.grad_accum}; speed mode times "
-                                    "single micro-batch steps, use trainer.grad_accum=1")
-                max_pos = cfg.model.arch.get("max_position_embeddings")
-                if cfg.model.arch.get("model_type") == "roberta" and max_pos is not None:
-                    max_pos -= 2  # RoBERTa's positions start after the padding index
-                if max_pos is not None and cfg.task.max_length > max_pos:
-                    problems.append(f"{where}: benchmark.seq_len={cfg.task.max_length} is longer than "
-                                    f"{cfg.model.name}'s max_position_embeddings={max_pos}")
+            if mode == Mode.speed and cfg.trainer.grad_accum != 1:
+                problems.append(f"{where}: trainer.grad_accum={cfg.trainer.grad_accum}; speed mode times "
+                                "single micro-batch steps, use trainer.grad_accum=1")
             cfgs[(mode.value, arm.name, seeds[0])] = cfg
             for seed in seeds[1:]:  # the same config but for trainer.seed, so validated once
                 cfgs[(mode.value, arm.name, seed)] = compose_finetune(arm_overrides(b, arm, mode, seed), conf_dir)

@@ -12,18 +12,7 @@ import accelerate
 import torch
 import transformers
 
-from ampft.precision import HALF_CPU_FLAGS, cpu_flags
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+from ampft.precision import HALF_CPU_FLAGS, cpu_flags, cpu_name
 
 
 def _cpu_features() -> list[str]:
@@ -58,13 +47,13 @@ def describe(device: torch.device) -> dict:
     return dict(
         date=dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         device_type=device.type,
-        device_name=torch.cuda.get_device_name(device) if cuda else _cpu_model(),
+        device_name=torch.cuda.get_device_name(device) if cuda else cpu_name(),
         device_memory_bytes=props.total_memory if cuda else None,
         compute_capability=f"{props.major}.{props.minor}" if cuda else None,
         driver=_nvidia_driver() if cuda else None,
         cuda=torch.version.cuda,
         cudnn=torch.backends.cudnn.version() if cuda else None,
-        cpu=_cpu_model(),
+        cpu=cpu_name(),
         cpu_count=os.cpu_count(),
         cpu_features=_cpu_features(),
         torch_threads=torch.get_num_threads(),

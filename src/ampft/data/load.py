@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import csv
 import functools
-import hashlib
 import json
 import logging
 import os
@@ -18,15 +17,13 @@ from pathlib import Path
 from datasets import Dataset, DatasetDict, load_dataset
 from omegaconf import DictConfig
 
+from ampft import files
 from ampft.data.demo import demo_splits
+from ampft.errors import DataError
 
 log = logging.getLogger(__name__)
 
 FORMATS = {".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
-
-
-class DataError(ValueError):
-    pass
 
 
 def file_format(path: str) -> str:
@@ -74,9 +71,7 @@ def load_file(path: str, split: str, column_names: list[str] | None = None) -> D
 def file_digest(path: str | os.PathLike) -> str:
     """`<size>-<sha256 prefix>` of a file's content: what caches of data read from it are keyed by.
 
-    Hashing is cheap next to reading and tokenizing: SST-2's train.tsv (3.8 MB) took 2.8 ms and a 100 MB
-    file 0.17 s (hashlib SHA-256, 2-core development machine, shared; page cache warm), measured with
-    `python -m timeit -s "from ampft.data.load import _digest" "_digest.__wrapped__('FILE', 0)"`.
+    Hashing is cheap next to reading and tokenizing (docs/benchmarks/microbench.md#hashing-data-files).
     Memoized per process by (path, size, mtime, ctime, inode): ctime changes with any rewrite, even one
     that restores the mtime, so a memo is never stale."""
     st = os.stat(path)
@@ -85,8 +80,7 @@ def file_digest(path: str | os.PathLike) -> str:
 
 @functools.lru_cache(maxsize=64)
 def _digest(path: str, size: int, *stamp: int) -> str:
-    with open(path, "rb") as f:
-        return f"{size}-{hashlib.file_digest(f, 'sha256').hexdigest()[:20]}"
+    return f"{size}-{files.sha256(path)[:20]}"
 
 
 def check_rows(path: str, split: str, column_names: list[str] | None = None) -> None:
@@ -175,12 +169,12 @@ def _load_files(task: DictConfig, read_file: Callable[[str, str], Dataset]) -> D
 
 
 def _load_hub(task: DictConfig) -> DatasetDict:
-    from ampft.models import _hub_reachable
+    from ampft.models import hub_reachable
 
     try:
         raw = load_dataset(task.dataset, task.subset)
     except Exception as exc:  # datasets raises several types for "not cached and offline"
-        if _hub_reachable():
+        if hub_reachable():
             raise
         raise DataError(
             f"task={task.name}: dataset {task.dataset}{'/' + task.subset if task.subset else ''} is not in the "

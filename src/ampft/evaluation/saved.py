@@ -22,12 +22,9 @@ from transformers import AutoConfig, AutoTokenizer
 from ampft import checkpointing, precision, tasks
 from ampft.config import ConfigError, FinetuneConfig
 from ampft.data import eval_dataloader, prepare_data
+from ampft.errors import EvaluationError
 
 log = logging.getLogger(__name__)
-
-
-class EvaluationError(ValueError):
-    pass
 
 
 def _source(e: DictConfig) -> tuple[Path, Path, str]:
