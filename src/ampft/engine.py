@@ -99,6 +99,8 @@ class Training:
 
 @dataclass(frozen=True)
 class StepResult:
+    """What one `train_step` did."""
+
     loss: torch.Tensor  # the micro-batch's loss, detached, on the device (read at logging points only)
     synced: bool  # the last micro-batch of an accumulation: the optimizer step was attempted
     skipped: bool  # that step was skipped by the fp16 loss scaler (overflow): no update, no scheduler step
