@@ -1,4 +1,4 @@
-"""Save, verify, find, rotate, resume and export.
+"""Save, verify, find, rotate, resume, restore the best and export.
 
 A checkpoint is `accelerator.save_state` (model, optimizer, scheduler, loss scaler, RNG states of every
 rank) plus the training state as `train_state.json`, the resolved `config.yaml` and the model's
@@ -254,6 +254,21 @@ def best(found: list[Path], mode: str, k: int = 1) -> list[Path]:
     """The k best checkpoints by their recorded metric (those without one never count)."""
     scored = [p for p in found if _metric(p) is not None]
     return sorted(scored, key=lambda p: _metric(p), reverse=mode == "max")[:k]
+
+
+def restore_best(accelerator: Accelerator, run_dir: Path, mode: str) -> Path | None:
+    """Load the run's best checkpoint (by its recorded metric; the best whose every byte verifies) into the
+    prepared objects, for exporting its weights; return it, or None (nothing loaded) when no checkpoint has
+    a metric that verifies. Model, optimizer, scaler and RNG states become the checkpoint's; the training
+    state is not touched."""
+    found = checkpoints(run_dir)
+    for path in best(found, mode, k=len(found)):
+        if problems := verify(path):
+            log.warning("not exporting %s, the best checkpoint by its metric: %s", path, "; ".join(problems))
+            continue
+        load(accelerator, path)
+        return path
+    return None
 
 
 def rotate(found: list[Path], keep_last: int, keep_best: int, mode: str) -> list[Path]:

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from accelerate import Accelerator
@@ -27,6 +28,9 @@ from ampft import checkpointing
 from ampft.config import metric_mode, to_plain
 from ampft.errors import Preempted, TrainingDiverged
 from ampft.tracking import Tracker
+
+if TYPE_CHECKING:
+    from ampft.tasks.base import Family
 
 log = logging.getLogger(__name__)
 
@@ -79,20 +83,60 @@ def _fits(value, annotation: str) -> bool:
     return any(isinstance(value, kinds[a.strip()]) for a in annotation.split("|"))
 
 
-@dataclass
-class Loop:
+@dataclass(frozen=True)
+class Training:
+    """One run's training as `finetune.build` set it up. Frozen: `fit` changes what is inside these objects
+    (weights, optimizer moments, the counters in `state`), never which objects they are."""
+
     accelerator: Accelerator
-    model: torch.nn.Module
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler
+    model: torch.nn.Module  # prepared: wrapped for DDP/FSDP/DeepSpeed, compiled under trainer.compile
+    optimizer: torch.optim.Optimizer  # prepared: skips its step when the fp16 loss scaler finds an overflow
+    scheduler: torch.optim.lr_scheduler.LRScheduler  # prepared; stepped by `train_step`, once per applied update
     train_dl: torch.utils.data.DataLoader
-    evaluate: Callable[[], dict[str, float]]
+    evaluate: Callable[[], dict[str, float]]  # every validation split: metrics, loss, samples
     tracker: Tracker
     cfg: DictConfig
+    family: Family  # the task family `build` resolved (tasks.FAMILIES): evaluation, export, model card
     run_dir: Path
-    max_steps: int
-    state: TrainState
-    last_checkpoint: Path | None = None  # the newest checkpoint of this line (saved, or resumed from)
+    max_steps: int  # optimizer updates to apply in all (trainer.max_steps, or trainer.epochs' worth)
+    state: TrainState  # where training stands: checkpointed, restored on resume
+    resumed_from: Path | None = None  # the checkpoint `state` was loaded from
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What one `train_step` did."""
+
+    loss: torch.Tensor  # the micro-batch's loss, detached, on the device (read at logging points only)
+    synced: bool  # the last micro-batch of an accumulation: the optimizer step was attempted
+    skipped: bool  # that step was skipped by the fp16 loss scaler (overflow): no update, no scheduler step
+    grad_norm: torch.Tensor | None  # computed when clipping, or when asked for; else None
+
+
+def train_step(acc: Accelerator, model: torch.nn.Module, optimizer, scheduler, batch: dict,
+               max_grad_norm: float, want_grad_norm: bool = False) -> StepResult:
+    """One micro-batch of training, the one way ampft trains (`fit` and the speed benchmark both call this).
+
+    Forward and backward under Accelerate's gradient accumulation (fp16: the loss scaled). On the last
+    micro-batch of an accumulation: clip to `max_grad_norm` (> 0), which unscales fp16 gradients first (the
+    norm is inf/NaN when the step overflowed), or only compute the norm if `want_grad_norm`; the optimizer
+    step, which the loss scaler skips on overflow; the LR scheduler only for an applied update; zero_grad."""
+    grad_norm = None
+    with acc.accumulate(model):
+        loss = model(**batch).loss
+        acc.backward(loss)
+        if acc.sync_gradients:
+            if max_grad_norm > 0:
+                grad_norm = acc.clip_grad_norm_(model.parameters(), max_grad_norm)
+            elif want_grad_norm:
+                grad_norm = acc.clip_grad_norm_(model.parameters(), float("inf"))
+        optimizer.step()  # Accelerate steps only on the last micro-batch of an accumulation
+        optimizer.zero_grad(set_to_none=True)
+    synced = acc.sync_gradients
+    skipped = synced and optimizer.step_was_skipped
+    if synced and not skipped:
+        scheduler.step()
+    return StepResult(loss.detach(), synced, skipped, grad_norm)
 
 
 class Meters:
@@ -228,112 +272,186 @@ def weights_finite(model: torch.nn.Module, acc: Accelerator | None = None) -> bo
     return ok
 
 
-def fit(loop: Loop) -> TrainState:
+def fit(training: Training) -> TrainState:
+    """Train until `max_steps` updates are applied or `trainer.max_minutes` have passed, then evaluate (unless
+    this very step was evaluated). SIGTERM/SIGUSR1 checkpoint at the next step and raise `Preempted`."""
     with preemption_signals() as preempt:
-        return _fit(loop, preempt)
+        return TrainingLoop(training, preempt).run()
 
 
-def _fit(loop: Loop, preempt: dict) -> TrainState:
-    acc, model, opt, sched, st = loop.accelerator, loop.model, loop.optimizer, loop.scheduler, loop.state
-    tr, ck = loop.cfg.trainer, loop.cfg.checkpoint
-    meters = Meters(acc)
-    guard = Guard(acc, loop.cfg.precision, st, lambda: loop.last_checkpoint)
-    window_loss = torch.zeros((), device=acc.device)
-    window_batches, window_skipped = 0, 0
-    grad_norm = None
+class LossWindow:
+    """The micro-batch losses since the last logging point, summed on the device, and the optimizer steps the
+    loss scaler skipped in that window; also the newest gradient norm (kept across windows: without clipping
+    only the steps that are logged compute one)."""
 
-    deadline = None if tr.max_minutes is None else time.monotonic() + 60 * tr.max_minutes
+    def __init__(self, acc: Accelerator):
+        self.acc = acc
+        self.loss = torch.zeros((), device=acc.device)
+        self.batches = 0
+        self.skipped = 0
+        self.grad_norm: torch.Tensor | None = None
 
-    model.train()
-    loop.tracker.advance(st.step)
-    while st.step < loop.max_steps:
-        batches = loop.train_dl
-        if st.batch_in_epoch:  # resuming mid-epoch: jump over consumed batches without loading them
-            batches = acc.skip_first_batches(loop.train_dl, st.batch_in_epoch)
+    def add(self, step: StepResult) -> None:
+        self.loss += step.loss.float()
+        self.batches += 1
+        if step.grad_norm is not None:
+            self.grad_norm = step.grad_norm
+
+    def close(self, st: TrainState) -> None:
+        """Fold the window's losses into the state (the host sync for the loss) and start a new window."""
+        total = float(self.acc.reduce(self.loss, reduction="mean"))
+        st.loss_sum += total
+        st.loss_batches += self.batches
+        st.last_loss = total / self.batches
+        self.loss.zero_()
+        self.batches, self.skipped = 0, 0
+
+
+class TrainingLoop:
+    """`fit`'s loop: one straight body per micro-batch (`train_step`, then the counters), and after each
+    optimizer step `after_step` (log, evaluate, checkpoint, preemption, time limit, in that order)."""
+
+    def __init__(self, training: Training, preempt: dict):
+        self.training, self.state, self.preempt = training, training.state, preempt
+        acc = training.accelerator
+        self.meters = Meters(acc)
+        self.window = LossWindow(acc)
+        self.last_checkpoint = training.resumed_from  # the newest checkpoint of this line: saved, or resumed from
+        self.guard = Guard(acc, training.cfg.precision, self.state, lambda: self.last_checkpoint)
+        minutes = training.cfg.trainer.max_minutes
+        self.deadline = None if minutes is None else time.monotonic() + 60 * minutes
+
+    def run(self) -> TrainState:
+        t, st, tr = self.training, self.state, self.training.cfg.trainer
+        t.model.train()
+        t.tracker.advance(st.step)
+        done = st.step >= t.max_steps
+        while not done:
+            for batch in self.rest_of_epoch():
+                step = train_step(t.accelerator, t.model, t.optimizer, t.scheduler, batch, tr.max_grad_norm,
+                                  want_grad_norm=(st.step + 1) % tr.log_every == 0)
+                st.batch_in_epoch += 1
+                self.window.add(step)
+                self.guard.see_loss(step.loss)
+                self.meters.count(batch)
+                if step.synced:
+                    done = self.after_step(step)
+                if done:
+                    break
+            if not done:  # the epoch ran out before max_steps
+                st.epoch += 1
+                st.batch_in_epoch = 0
+                if not tr.eval_every:
+                    self.evaluate()
+        self.meters.fold(st)
+        if self.window.batches:  # the last, partial logging window
+            self.window.close(st)
+        self.guard.check(st.step)
+        self.guard.check_loss(st.step)
+        st.loss_scale = self.guard.scale
+        if st.eval_step != st.step:
+            self.evaluate()
+        return st
+
+    def rest_of_epoch(self) -> torch.utils.data.DataLoader:
+        """The current epoch's batches not consumed yet; resuming mid-epoch jumps over the consumed ones
+        without loading them."""
+        st, dl = self.state, self.training.train_dl
+        batches = self.training.accelerator.skip_first_batches(dl, st.batch_in_epoch) if st.batch_in_epoch else dl
         batches.set_epoch(st.epoch)  # the epoch's data order (a fresh skip loader would say epoch 0)
-        for batch in batches:
-            with acc.accumulate(model):
-                loss = model(**batch).loss
-                acc.backward(loss)
-                if acc.sync_gradients:
-                    # Unscales fp16 gradients first; inf/NaN when the step overflowed. Without clipping
-                    # the norm is only computed on steps that are logged.
-                    if tr.max_grad_norm > 0:
-                        grad_norm = acc.clip_grad_norm_(model.parameters(), tr.max_grad_norm)
-                    elif (st.step + 1) % tr.log_every == 0:
-                        grad_norm = acc.clip_grad_norm_(model.parameters(), float("inf"))
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-            st.batch_in_epoch += 1
-            window_loss += loss.detach().float()
-            window_batches += 1
-            guard.see_loss(loss)
-            meters.count(batch)
-            if not acc.sync_gradients:
-                continue
-            skipped = opt.step_was_skipped
-            if skipped:  # fp16 overflow: no update, so no scheduler step and no step count
-                st.skipped += 1
-                window_skipped += 1
-            guard.end_step(st.step)
-            if skipped:
-                continue
-            sched.step()
-            st.step += 1
-            loop.tracker.advance()
+        return batches
 
-            if st.step % tr.log_every == 0 or st.step == loop.max_steps:
-                meters.fold(st)
-                _close_window(st, acc, window_loss, window_batches)
-                values = dict(
-                    loss=st.last_loss,
-                    lr=sched.get_last_lr()[0],
-                    epoch=st.epoch + st.batch_in_epoch / len(loop.train_dl),
-                    samples_per_second=st.samples / max(st.train_seconds, 1e-9),
-                    tokens_per_second=st.tokens / max(st.train_seconds, 1e-9),
-                    skipped_steps=st.skipped,
-                    skipped_in_window=window_skipped,
-                )
-                if grad_norm is not None:
-                    values["grad_norm"] = float(grad_norm)
-                if guard.scale is not None:
-                    values["loss_scale"] = guard.scale
-                loop.tracker.log("train", st.step, values)  # NaN and inf are logged as they are
-                window_loss.zero_()
-                window_batches, window_skipped = 0, 0
-                guard.check(st.step)
-                guard.check_loss(st.step)
-            if tr.eval_every and st.step % tr.eval_every == 0:
-                evaluate(loop, meters)
-            if ck.every and st.step % ck.every == 0:
-                _checkpoint(loop, meters, guard)
-            if st.step < loop.max_steps and _preempted(loop, preempt, meters, guard):
-                raise Preempted(f"stopped by {preempt['signal']} at step {st.step}; checkpoint written: "
-                                f"{loop.last_checkpoint}. Resume: hydra.run.dir={loop.run_dir} "
-                                "checkpoint.resume=latest")
-            if st.step >= loop.max_steps or _out_of_time(acc, deadline, st.step, tr.log_every):
-                break
-        else:  # the epoch ran out before max_steps
-            st.epoch += 1
-            st.batch_in_epoch = 0
-            if not tr.eval_every:
-                evaluate(loop, meters)
-            continue
-        break
-    meters.fold(st)
-    if window_batches:  # the last, partial logging window
-        _close_window(st, acc, window_loss, window_batches)
-    guard.check(st.step)
-    guard.check_loss(st.step)
-    st.loss_scale = guard.scale
-    if st.eval_step != st.step:
-        evaluate(loop, meters)
-    return st
+    def after_step(self, step: StepResult) -> bool:
+        """After an optimizer step attempt. A skipped one (fp16 overflow) is only counted; after an applied
+        update, in this order: log, evaluate, checkpoint (each at its interval); on a preemption signal,
+        checkpoint (unless this step was just saved) and raise `Preempted`. True: training is done
+        (`max_steps` reached, or `trainer.max_minutes` passed)."""
+        t, st, tr, ck = self.training, self.state, self.training.cfg.trainer, self.training.cfg.checkpoint
+        if step.skipped:
+            st.skipped += 1
+            self.window.skipped += 1
+            self.guard.end_step(st.step)
+            return False
+        self.guard.end_step(st.step)
+        st.step += 1
+        t.tracker.advance()
+        if st.step % tr.log_every == 0 or st.step == t.max_steps:
+            self.log()
+        if tr.eval_every and st.step % tr.eval_every == 0:
+            self.evaluate()
+        if ck.every and st.step % ck.every == 0:
+            self.checkpoint()
+        if st.step < t.max_steps and self.signalled():
+            if not self.saved_this_step():
+                self.checkpoint()
+            raise Preempted(f"stopped by {self.preempt['signal']} at step {st.step}; checkpoint written: "
+                            f"{self.last_checkpoint}. Resume: hydra.run.dir={t.run_dir} checkpoint.resume=latest")
+        return st.step >= t.max_steps or self.out_of_time()
 
+    def log(self) -> None:
+        t, st, window = self.training, self.state, self.window
+        self.meters.fold(st)
+        skipped_in_window = window.skipped
+        window.close(st)
+        values = dict(
+            loss=st.last_loss,
+            lr=t.scheduler.get_last_lr()[0],
+            epoch=st.epoch + st.batch_in_epoch / len(t.train_dl),
+            samples_per_second=st.samples / max(st.train_seconds, 1e-9),
+            tokens_per_second=st.tokens / max(st.train_seconds, 1e-9),
+            skipped_steps=st.skipped,
+            skipped_in_window=skipped_in_window,
+        )
+        if window.grad_norm is not None:
+            values["grad_norm"] = float(window.grad_norm)
+        if self.guard.scale is not None:
+            values["loss_scale"] = self.guard.scale
+        t.tracker.log("train", st.step, values)  # NaN and inf are logged as they are
+        self.guard.check(st.step)
+        self.guard.check_loss(st.step)
 
-def _out_of_time(acc: Accelerator, deadline: float | None, step: int, log_every: int) -> bool:
-    """trainer.max_minutes has passed (the slowest rank's clock counts)."""
-    return deadline is not None and _any_rank(acc, time.monotonic() > deadline, step, log_every)
+    def evaluate(self) -> dict[str, float]:
+        st = self.state
+        self.meters.fold(st)  # evaluation time is not training time
+        results = self.training.evaluate()
+        st.eval_step, st.eval_results = st.step, results
+        self.training.tracker.log("eval", st.step, results)
+        self.meters.restart()
+        return results
+
+    def checkpoint(self) -> None:
+        t, st, ck = self.training, self.state, self.training.cfg.checkpoint
+        self.meters.fold(st)
+        self.guard.check(st.step)
+        self.guard.check_loss(st.step)
+        if not weights_finite(t.model, t.accelerator):  # never overwrite good checkpoints with broken weights
+            self.guard.fail(st.step, "the weights are not finite at a checkpoint")
+        metric = None
+        if ck.keep_best or ck.export_best:  # rank checkpoints by an evaluation at this very step
+            if st.eval_step != st.step:
+                self.evaluate()
+            name = ck.metric or t.cfg.task.main_metric
+            metric = {"name": name, "value": st.eval_results[name]}
+        info = dict(epoch=st.epoch, batch_in_epoch=st.batch_in_epoch, loss=st.last_loss, metric=metric)
+        self.last_checkpoint = checkpointing.save(
+            t.accelerator, t.run_dir, st.step, info, st.state_dict(), to_plain(t.cfg),
+            t.accelerator.unwrap_model(t.model).config, ck.keep_last, ck.keep_best,
+            metric_mode(ck.metric or t.cfg.task.main_metric, ck.mode), parent=self.last_checkpoint,
+            scheduler=t.scheduler)
+        self.meters.restart()
+
+    def signalled(self) -> bool:
+        """A preemption signal arrived (on any rank; several ranks agree at logging points)."""
+        return _any_rank(self.training.accelerator, self.preempt["signal"] is not None, self.state.step,
+                         self.training.cfg.trainer.log_every)
+
+    def saved_this_step(self) -> bool:
+        return self.last_checkpoint is not None and self.last_checkpoint.name == f"step_{self.state.step}"
+
+    def out_of_time(self) -> bool:
+        """trainer.max_minutes has passed (the slowest rank's clock counts)."""
+        return self.deadline is not None and _any_rank(self.training.accelerator, time.monotonic() > self.deadline,
+                                                       self.state.step, self.training.cfg.trainer.log_every)
 
 
 def _any_rank(acc: Accelerator, flag: bool, step: int, log_every: int) -> bool:
@@ -346,42 +464,6 @@ def _any_rank(acc: Accelerator, flag: bool, step: int, log_every: int) -> bool:
     return bool(acc.reduce(torch.tensor(flag, device=acc.device), "max"))
 
 
-def _close_window(st: TrainState, acc: Accelerator, window_loss: torch.Tensor, batches: int) -> None:
-    total = float(acc.reduce(window_loss, reduction="mean"))  # the host sync for the loss
-    st.loss_sum += total
-    st.loss_batches += batches
-    st.last_loss = total / batches
-
-
-def evaluate(loop: Loop, meters: Meters) -> dict[str, float]:
-    meters.fold(loop.state)  # evaluation time is not training time
-    results = loop.evaluate()
-    loop.state.eval_step, loop.state.eval_results = loop.state.step, results
-    loop.tracker.log("eval", loop.state.step, results)
-    meters.restart()
-    return results
-
-
-def _checkpoint(loop: Loop, meters: Meters, guard: Guard) -> None:
-    meters.fold(loop.state)
-    st, ck = loop.state, loop.cfg.checkpoint
-    guard.check(st.step)
-    guard.check_loss(st.step)
-    if not weights_finite(loop.model, loop.accelerator):  # never overwrite good checkpoints with broken weights
-        guard.fail(st.step, "the weights are not finite at a checkpoint")
-    metric = None
-    if ck.keep_best or ck.export_best:  # rank checkpoints by an evaluation at this very step
-        if st.eval_step != st.step:
-            evaluate(loop, meters)
-        name = ck.metric or loop.cfg.task.main_metric
-        metric = {"name": name, "value": st.eval_results[name]}
-    info = dict(epoch=st.epoch, batch_in_epoch=st.batch_in_epoch, loss=st.last_loss, metric=metric)
-    loop.last_checkpoint = checkpointing.save(
-        loop.accelerator, loop.run_dir, st.step, info, st.state_dict(), to_plain(loop.cfg),
-        loop.accelerator.unwrap_model(loop.model).config, ck.keep_last, ck.keep_best,
-        metric_mode(ck.metric or loop.cfg.task.main_metric, ck.mode), parent=loop.last_checkpoint,
-        scheduler=loop.scheduler)
-    meters.restart()
 
 
 @contextmanager
@@ -402,12 +484,3 @@ def preemption_signals():
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
-
-
-def _preempted(loop: Loop, flag: dict, meters: Meters, guard: Guard) -> bool:
-    st = loop.state
-    requested = _any_rank(loop.accelerator, flag["signal"] is not None, st.step, loop.cfg.trainer.log_every)
-    saved = loop.last_checkpoint is not None and loop.last_checkpoint.name == f"step_{st.step}"
-    if requested and not saved:  # a checkpoint step already saved this step
-        _checkpoint(loop, meters, guard)
-    return requested

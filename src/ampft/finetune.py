@@ -29,7 +29,7 @@ from ampft.config import (
     to_plain,
 )
 from ampft.data import build_dataloaders, eval_dataloader, prepare_data
-from ampft.engine import Loop, TrainingDiverged, TrainState, fit, weights_finite
+from ampft.engine import Training, TrainingDiverged, TrainState, fit, weights_finite
 from ampft.errors import Preempted
 from ampft.models import build_model, load_tokenizer
 from ampft.tracking import Tracker, format_summary, log_with, peak_memory_bytes, write_summary
@@ -98,16 +98,25 @@ def run(cfg: DictConfig, run_dir: Path, started: float | None = None) -> dict[st
     if torch.cuda.is_available():  # this run's peak, not an earlier run's in the same process (multirun)
         torch.cuda.reset_peak_memory_stats()
     try:
-        loop, tokenizer, ran_precision = build(cfg, run_dir)
+        training, tokenizer, ran_precision = build(cfg, run_dir)
         setup_seconds = time.perf_counter() - started  # to the first training step: model, data, cache
         try:
-            fit(loop)
+            fit(training)
         except Preempted as exc:  # for job scripts: launchers do not pass exit code 75 on, the marker says it
-            if loop.accelerator.is_main_process:
+            if training.accelerator.is_main_process:
                 (run_dir / Preempted.marker).write_text(f"{exc}\n")
             raise
-        loop.tracker.close()
-        return finish(loop, tokenizer, ran_precision, started, setup_seconds)
+        training.tracker.close()
+        summary = summarize(training, ran_precision, started, setup_seconds)
+        if cfg.checkpoint.export:  # checkpoint.export_best: the best checkpoint's weights replace the last ones
+            ck = cfg.checkpoint
+            mode = metric_mode(ck.metric or cfg.task.main_metric, ck.mode)
+            best = checkpointing.restore_best(training.accelerator, run_dir, mode) if ck.export_best else None
+            export_model(training, tokenizer, summary, best)
+        if training.accelerator.is_main_process:
+            write_summary(run_dir, summary)
+            print(format_summary(summary), flush=True)
+        return summary
     finally:
         reset_accelerate()
 
@@ -119,7 +128,7 @@ def reset_accelerate() -> None:
     GradientState._reset_state()
 
 
-def build(cfg: DictConfig, run_dir: Path) -> tuple[Loop, PreTrainedTokenizerBase, str]:
+def build(cfg: DictConfig, run_dir: Path) -> tuple[Training, PreTrainedTokenizerBase, str]:
     """Everything the loop needs, after validation; resumed from a checkpoint if asked."""
     for warning in validate(cfg):
         log.warning(warning)
@@ -174,14 +183,14 @@ def build(cfg: DictConfig, run_dir: Path) -> tuple[Loop, PreTrainedTokenizerBase
     # Under torch.compile, evaluation runs the eager module: the compiled graphs are the training step's
     # (eval mode would compile a second set for a few hundred batches).
     eval_model = model._orig_mod if is_compiled_module(model) else model
-    loop = Loop(
+    training = Training(
         accelerator=accelerator, model=model, optimizer=optimizer, scheduler=scheduler, train_dl=train_dl,
         evaluate=lambda: tasks.evaluate(accelerator, eval_model, data, eval_dls, cfg.task, run_dir),
-        tracker=tracker, cfg=cfg, run_dir=run_dir, max_steps=max_steps, state=state, last_checkpoint=resume,
+        tracker=tracker, cfg=cfg, family=family, run_dir=run_dir, max_steps=max_steps, state=state, resumed_from=resume,
     )
     log.info("training: %d optimizer steps (%d per epoch), batch %d x %d processes x %d accumulation",
              max_steps, steps_per_epoch, tr.batch_size, accelerator.num_processes, tr.grad_accum)
-    return loop, tokenizer, ran_precision
+    return training, tokenizer, ran_precision
 
 
 # What a run leaves in its run dir (Hydra's own .hydra/ and <job>.log aside).
@@ -205,11 +214,12 @@ def check_run_dir(run_dir: Path, cfg: DictConfig, resume: Path | None) -> None:
             "its metrics history moves to metrics.replaced.jsonl); or leave hydra.run.dir unset for a new folder"])
 
 
-def finish(loop: Loop, tokenizer: PreTrainedTokenizerBase, ran_precision: str, started: float,
-           setup_seconds: float | None = None) -> dict[str, Any]:
-    """Summarise, export the model (last or best weights) with a model card, write summary.json."""
-    cfg, run_dir, accelerator, model, state = loop.cfg, loop.run_dir, loop.accelerator, loop.model, loop.state
-    family = tasks.family_for(cfg.task.family)  # the registered object `build` used
+def summarize(training: Training, ran_precision: str, started: float,
+              setup_seconds: float | None = None) -> dict[str, Any]:
+    """The run's summary (summary.json): what ran, the final evaluation, counters, throughput, memory."""
+    cfg, run_dir, accelerator, model, state = (training.cfg, training.run_dir, training.accelerator, training.model,
+                                               training.state)
+    family = training.family
     peak, peak_kind = peak_memory_bytes(accelerator.device)
     summary = dict(
         run_dir=str(run_dir),
@@ -239,7 +249,7 @@ def finish(loop: Loop, tokenizer: PreTrainedTokenizerBase, ran_precision: str, s
         steps=state.step,
         skipped_steps=state.skipped,
         loss_scale_final=state.loss_scale,
-        epochs=state.epoch + state.batch_in_epoch / len(loop.train_dl),
+        epochs=state.epoch + state.batch_in_epoch / len(training.train_dl),
         attn_implementation=accelerator.unwrap_model(model).config._attn_implementation,
         compiled=bool(cfg.trainer.compile),
         num_processes=accelerator.num_processes,
@@ -252,24 +262,23 @@ def finish(loop: Loop, tokenizer: PreTrainedTokenizerBase, ran_precision: str, s
         versions=dict(torch=torch.__version__, transformers=transformers.__version__,
                       accelerate=accelerate.__version__),
     )
-    if cfg.checkpoint.export:
-        summary["exported"] = f"last (step {state.step})"
-        ck = cfg.checkpoint
-        mode = metric_mode(ck.metric or cfg.task.main_metric, ck.mode)
-        ranked = checkpointing.best(checkpointing.checkpoints(run_dir), mode, k=ck.keep_best + ck.keep_last)
-        if ck.export_best and (top := [p for p in ranked if not checkpointing.verify(p)][:1]):
-            m = checkpointing.manifest(top[0])["metric"]
-            checkpointing.load(accelerator, top[0])  # the best weights (the summary above stays the run's)
-            summary["exported"] = f"best: {top[0].name} ({m['name']}={m['value']:.4g})"
-        if not weights_finite(model, accelerator):
-            raise TrainingDiverged("the final weights are not finite: not exporting them")
-        summary["export_dir"] = str(run_dir / "model")
-        checkpointing.export(accelerator, model, tokenizer, run_dir / "model", to_plain(cfg),
-                             model_card(summary, family))
-    if accelerator.is_main_process:
-        write_summary(run_dir, summary)
-        print(format_summary(summary), flush=True)
     return summary
+
+
+def export_model(training: Training, tokenizer: PreTrainedTokenizerBase, summary: dict[str, Any],
+                 best: Path | None) -> None:
+    """The model's weights as they are now (the last, or `best`'s once restored) into <run dir>/model with a
+    model card; the summary says which."""
+    accelerator, model, run_dir = training.accelerator, training.model, training.run_dir
+    summary["exported"] = f"last (step {training.state.step})"
+    if best is not None:
+        m = checkpointing.manifest(best)["metric"]
+        summary["exported"] = f"best: {best.name} ({m['name']}={m['value']:.4g})"
+    if not weights_finite(model, accelerator):
+        raise TrainingDiverged("the final weights are not finite: not exporting them")
+    summary["export_dir"] = str(run_dir / "model")
+    checkpointing.export(accelerator, model, tokenizer, run_dir / "model", to_plain(training.cfg),
+                         model_card(summary, training.family))
 
 
 def _positive_label(cfg: DictConfig, family: tasks.Family, model) -> str | None:

@@ -4,12 +4,14 @@ good checkpoint stays loadable, and the scaler state travels with checkpoints.""
 
 from __future__ import annotations
 
+import itertools
 import json
 from contextlib import contextmanager
 
 import pytest
 import torch
 
+from ampft.benchmark import speed
 from ampft.checkpointing import checkpoints
 from ampft.engine import TrainingDiverged, fit
 from ampft.finetune import build, reset_accelerate, run
@@ -109,6 +111,39 @@ def test_static_scale_never_moves(built):
     with inf_gradients(loop.model, attempts=1):
         fit(loop)
     assert loop.state.skipped == 1 and loop.accelerator.scaler.get_scale() == 128
+
+
+def test_the_speed_benchmark_steps_as_training_does(tiny, tmp_path):
+    """Speed mode times the engine's own step: on the same batches, with the same fp16 overflow, its steps
+    leave the same weights, optimizer moments, scheduler position, loss scale and skip count as `fit`."""
+    overrides = [*FP16, "trainer.max_steps=3", "precision.init_scale=1024", "precision.backoff_factor=0.25"]
+
+    def outcome(name, steps):
+        training, _, ran = build(tiny(*overrides), tmp_path / name)
+        assert ran == "fp16"
+        try:
+            with inf_gradients(training.model, attempts=1):
+                skipped = steps(training)
+            tensors = [p.detach().clone() for p in training.model.parameters()]
+            tensors += [v for state in training.optimizer.state_dict()["state"].values() for v in state.values()]
+            return (tensors, training.scheduler.scheduler.last_epoch, training.accelerator.scaler.get_scale(),
+                    skipped)
+        finally:
+            training.tracker.close()
+            reset_accelerate()
+
+    def timed(training):  # fit's batches in fit's order: one overflow, then three applied steps
+        training.train_dl.set_epoch(0)
+        batches = list(itertools.islice(training.train_dl, 4))
+        training.model.train()
+        seconds, losses, skipped = speed._run_steps(training, batches)
+        assert len(seconds) == len(losses) == 4
+        return skipped
+
+    trained = outcome("fit", lambda training: fit(training).skipped)
+    benchmarked = outcome("speed", timed)
+    assert trained[1:] == benchmarked[1:] == (3, 1024 * 0.25, 1)  # 3 updates scheduled, 1 skipped
+    assert all(torch.equal(a, b) for a, b in zip(trained[0], benchmarked[0], strict=True))  # weights, moments
 
 
 def _poison_after(monkeypatch, micro_batches: int):

@@ -1,4 +1,5 @@
-"""Speed/memory mode: the engine's training step, timed on synthetic fixed-length batches.
+"""Speed/memory mode: the engine's training step (`ampft.engine.train_step`, the very function `fit` calls),
+timed on synthetic fixed-length batches.
 
 Each arm is built by `ampft.finetune.build` (the prepared Accelerator, model, optimizer and scheduler a
 real run would get), then trained for `warmup_steps` untimed and `timed_steps` timed steps on batches of
@@ -19,12 +20,11 @@ import time
 from pathlib import Path
 
 import torch
-from accelerate import Accelerator
 from omegaconf import DictConfig
 
 from ampft.benchmark.config import BenchmarkConfigError
 from ampft.benchmark.flops import model_flops_per_token
-from ampft.engine import Loop
+from ampft.engine import Training, train_step
 from ampft.finetune import build, reset_accelerate
 
 log = logging.getLogger(__name__)
@@ -47,21 +47,6 @@ def synthetic_batches(n: int, batch_size: int, seq_len: int, vocab_size: int, nu
             b["token_type_ids"] = torch.zeros(batch_size, seq_len, dtype=torch.long)
         batches.append({k: v.to(device) for k, v in b.items()})
     return batches
-
-
-def train_step(acc: Accelerator, model, optimizer, scheduler, batch: dict, max_grad_norm: float):
-    """One optimizer step as `ampft.engine.fit` does it (grad_accum=1): forward, backward (scaled under
-    fp16), clip (unscales), step (skipped on fp16 overflow), schedule, zero_grad."""
-    loss = model(**batch).loss
-    acc.backward(loss)
-    if max_grad_norm > 0:
-        acc.clip_grad_norm_(model.parameters(), max_grad_norm)
-    optimizer.step()
-    skipped = optimizer.step_was_skipped
-    if not skipped:
-        scheduler.step()
-    optimizer.zero_grad(set_to_none=True)
-    return loss.detach(), skipped
 
 
 # --- memory ---------------------------------------------------------------------------------------
@@ -128,18 +113,19 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _run_steps(loop: Loop, batches: list[dict]) -> tuple[list[float], list[torch.Tensor], int]:
-    acc, device = loop.accelerator, loop.accelerator.device
-    clip = float(loop.cfg.trainer.max_grad_norm)
+def _run_steps(training: Training, batches: list[dict]) -> tuple[list[float], list[torch.Tensor], int]:
+    """Each batch one optimizer step (speed mode has trainer.grad_accum=1) by the engine's own `train_step`,
+    timed between device synchronisations; also the losses and the steps the fp16 loss scaler skipped."""
+    t, device = training, training.accelerator.device
     seconds, losses, skipped = [], [], 0
     for batch in batches:
         _sync(device)
         tic = time.perf_counter()
-        loss, was_skipped = train_step(acc, loop.model, loop.optimizer, loop.scheduler, batch, clip)
+        step = train_step(t.accelerator, t.model, t.optimizer, t.scheduler, batch, t.cfg.trainer.max_grad_norm)
         _sync(device)
         seconds.append(time.perf_counter() - tic)
-        losses.append(loss)
-        skipped += int(was_skipped)
+        losses.append(step.loss)
+        skipped += int(step.skipped)
     return seconds, losses, skipped
 
 
@@ -167,25 +153,25 @@ def sweep_batch_sizes(try_size, batch_sizes: list[int], until_oom: bool, max_bat
     return points
 
 
-def _sweep(loop: Loop, sweep: DictConfig, make_batches, seq_len: int) -> list[dict]:
+def _sweep(training: Training, sweep: DictConfig, make_batches, seq_len: int) -> list[dict]:
     """Peak memory per batch size on the arm's own model and optimizer (their states already exist).
     On CUDA with sweep.until_oom, doubling continues after the listed sizes until out of memory; a CPU
     does not run out of memory cleanly (it swaps), so only the listed sizes are measured there."""
-    device = loop.accelerator.device
+    device = training.accelerator.device
 
     def try_size(bs: int) -> dict | None:
-        loop.optimizer.zero_grad(set_to_none=True)
+        training.optimizer.zero_grad(set_to_none=True)
         free(device)
         reset_peak(device)
         oom = False
         try:
-            seconds, _, _ = _run_steps(loop, make_batches(sweep.steps, bs))
+            seconds, _, _ = _run_steps(training, make_batches(sweep.steps, bs))
         except RuntimeError as exc:
             if not is_oom(exc):
                 raise
             oom = True
         if oom:  # outside the except block, so the traceback's tensors are gone before emptying the cache
-            loop.optimizer.zero_grad(set_to_none=True)
+            training.optimizer.zero_grad(set_to_none=True)
             free(device)
             log.info("  sweep batch %d: out of memory", bs)
             return None
@@ -218,11 +204,11 @@ def measure_arm(cfg: DictConfig, run_dir: Path, warmup_steps: int, timed_steps: 
     timed steps (the probe), `plan.after_probe(probe_seconds)` returns how many timed steps to add and
     whether to sweep."""
     tic = time.perf_counter()
-    loop, _, ran_precision = build(cfg, Path(run_dir))
+    training, _, ran_precision = build(cfg, Path(run_dir))
     built = time.perf_counter() - tic
     try:
-        acc, device = loop.accelerator, loop.accelerator.device
-        model = acc.unwrap_model(loop.model)
+        acc, device = training.accelerator, training.accelerator.device
+        model = acc.unwrap_model(training.model)
         bs, seq_len = int(cfg.trainer.batch_size), int(cfg.task.max_length)
         accepts_types = "token_type_ids" in inspect.signature(model.forward).parameters
         regression = model.config.problem_type == "regression"
@@ -231,12 +217,12 @@ def measure_arm(cfg: DictConfig, run_dir: Path, warmup_steps: int, timed_steps: 
             return synthetic_batches(n, batch_size, seq_len, model.config.vocab_size, model.config.num_labels,
                                      seed, device, accepts_types, regression)
 
-        loop.model.train()
+        training.model.train()
         free(device)
         after_build = memory_now(device)
         pilot = None
         if plan is not None:  # the first step pays one-time costs (kernels, allocator): time the second
-            pilot = _run_steps(loop, make_batches(2, pilot_batch_size(bs)))[0][1]
+            pilot = _run_steps(training, make_batches(2, pilot_batch_size(bs)))[0][1]
             if not plan.after_pilot(pilot, built):
                 return dict(skipped=True, pilot_step_seconds=pilot, precision=ran_precision,
                             precision_requested=cfg.precision.name.value, batch_size=bs, seq_len=seq_len)
@@ -244,12 +230,12 @@ def measure_arm(cfg: DictConfig, run_dir: Path, warmup_steps: int, timed_steps: 
         peak_reset = reset_peak(device)
         try:
             probe = min(warmup_steps + 2, len(batches))
-            seconds, losses, skipped = _run_steps(loop, batches[:probe])
+            seconds, losses, skipped = _run_steps(training, batches[:probe])
             more, do_sweep = timed_steps - (probe - warmup_steps), True
             if plan is not None:
                 more, do_sweep = plan.after_probe(seconds[warmup_steps:])
             if more:
-                s2, l2, k2 = _run_steps(loop, batches[probe:probe + more])
+                s2, l2, k2 = _run_steps(training, batches[probe:probe + more])
                 seconds, losses, skipped = seconds + s2, losses + l2, skipped + k2
         except RuntimeError as exc:
             if not is_oom(exc):
@@ -284,12 +270,12 @@ def measure_arm(cfg: DictConfig, run_dir: Path, warmup_steps: int, timed_steps: 
         )
         log.info("  %s: median step %.3f s, %s", cfg.precision.name.value,
                  sorted(result["step_seconds"])[len(result["step_seconds"]) // 2], _fmt_mem(peak))
-        result["sweep"] = _sweep(loop, sweep, make_batches, seq_len) if sweep is not None and do_sweep else []
+        result["sweep"] = _sweep(training, sweep, make_batches, seq_len) if sweep is not None and do_sweep else []
         return result
     finally:
-        loop.tracker.close()
-        loop.accelerator.free_memory()
-        device = loop.accelerator.device
-        del loop
+        training.tracker.close()
+        training.accelerator.free_memory()
+        device = training.accelerator.device
+        del training
         reset_accelerate()
         free(device)
