@@ -31,7 +31,6 @@ allocator's slack (memory reserved in blocks but not allocated). These are state
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from ampft.estimate.trace import StepTrace
@@ -78,15 +77,20 @@ class Breakdown:
     components: dict[str, float]  # at the peak moment, bytes per rank
     forward_backward: float  # the forward/backward moment's total
     optimizer_step: float  # the optimizer step's total
-    batch_slope: float  # bytes per extra sample per rank (activations and temporaries)
+    trace: StepTrace
 
     @property
     def peak(self) -> float:
         return max(self.forward_backward, self.optimizer_step)
 
+    def forward_backward_at(self, batch_size: int) -> float:
+        """The forward/backward total at another per-rank batch size: the traced timeline with every storage whose
+        first dimension is the batch rescaled (everything else here does not depend on the batch)."""
+        fb = self.trace.forward_backward
+        return self.forward_backward + fb.peak_at(batch_size / self.trace.batch_size) - fb.peak
 
-def breakdown(tr: StepTrace, strategy: str, sh: Sharding, fp16_scaler: bool, slope: float,
-              grad_accum: int = 1) -> Breakdown:
+
+def breakdown(tr: StepTrace, strategy: str, sh: Sharding, fp16_scaler: bool, grad_accum: int = 1) -> Breakdown:
     """Per-rank bytes of each component at the peak of one step under `strategy` with `sh.ranks` ranks. With
     gradient accumulation the gradients of earlier micro-batches are there through each later forward/backward."""
     n = 1 if strategy == "single" else max(1, sh.ranks)
@@ -132,24 +136,17 @@ def breakdown(tr: StepTrace, strategy: str, sh: Sharding, fp16_scaler: bool, slo
     at_opt = dict(resident, gradients=grads / g_div, temporaries=opt_temp / s_div, communication_buffers=comm_opt)
     fb_total, opt_total = sum(at_fb.values()), sum(at_opt.values())
     components = at_fb if fb_total >= opt_total else at_opt
-    return Breakdown(strategy, n, components, fb_total, opt_total, slope)
+    return Breakdown(strategy, n, components, fb_total, opt_total, tr)
 
 
-def batch_slope(tr: StepTrace, small: StepTrace | None = None) -> float:
-    """Bytes per sample of the forward/backward peak: what is there at the peak and grows with the batch (the
-    activations and the temporaries; not the weight casts or gradients) over the batch size. Given a second trace
-    at another batch size, the difference of the two peaks instead (what the tests compare it with)."""
-    if small is not None:
-        db = tr.batch_size - small.batch_size
-        return (tr.forward_backward.peak - small.forward_backward.peak) / db
-    at = tr.forward_backward.at_peak
-    return (at.get("activations", 0) + at.get("temporary", 0)) / tr.batch_size
-
-
-def largest_batch(b: Breakdown, batch_size: int, usable_bytes: float) -> int:
-    """The largest per-rank batch whose step fits in `usable_bytes` (allocated), 0 if not even one sample does.
-    The forward/backward peak grows by `batch_slope` per sample; the optimizer step does not grow."""
-    if b.optimizer_step > usable_bytes or b.batch_slope <= 0:
-        return 0 if b.optimizer_step > usable_bytes else batch_size
-    room = usable_bytes - (b.forward_backward - b.batch_slope * batch_size)
-    return max(0, math.floor(room / b.batch_slope))
+def largest_batch(b: Breakdown, usable_bytes: float, limit: int = 1 << 20) -> int:
+    """The largest per-rank batch whose step fits in `usable_bytes` (allocated); 0 if not even one sample does."""
+    if b.optimizer_step > usable_bytes or b.forward_backward_at(1) > usable_bytes:
+        return 0
+    lo, hi = 1, 2
+    while hi < limit and b.forward_backward_at(hi) <= usable_bytes:
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:  # forward_backward_at grows with the batch: bisect
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if b.forward_backward_at(mid) <= usable_bytes else (lo, mid)
+    return lo

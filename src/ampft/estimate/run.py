@@ -64,7 +64,7 @@ def deepspeed_half(cfg: DictConfig, precision: str) -> bool:
 
 def trace_all(cfg: DictConfig, precisions: list[str], target: str, slope: bool = False):
     """{precision: StepTrace} at the configured batch, {precision: StepTrace} at a quarter of it (forward/backward
-    only, with slope=True: the tests' check of `memory.batch_slope`), and notes. fp32 and tf32 trace alike (the same
+    only, with slope=True: the tests' check of `Phase.peak_at`), and notes. fp32 and tf32 trace alike (the same
     dtypes), so tf32 reuses fp32's."""
     from ampft.finetune import build_optimizer
     from ampft.models import build_model, load_tokenizer
@@ -190,17 +190,16 @@ def estimate(cfg: DictConfig, command: str = "") -> dict:
     rows = {}
     for p in precisions:
         tr = full[p]
-        slope = memory.batch_slope(tr)
         sh = memory.Sharding(ranks, int(d.reduce_bucket_size), int(d.stage3_prefetch_bucket_size),
                              bool(d.fsdp_reshard_after_forward), deepspeed_half(cfg, p))
         scaler = p == "fp16"
         mem = {}
         for s in memory.STRATEGIES:
-            b = memory.breakdown(tr, s, sh, scaler, slope, int(cfg.trainer.grad_accum))
+            b = memory.breakdown(tr, s, sh, scaler, int(cfg.trainer.grad_accum))
             mem[s] = dict(ranks=b.ranks, peak=b.peak, forward_backward=b.forward_backward,
                           optimizer_step=b.optimizer_step, components=b.components,
                           device_total=over.total(b.peak, dev.kind), fits=b.peak <= usable,
-                          largest_batch=memory.largest_batch(b, tr.batch_size, usable), bytes_per_sample=slope)
+                          largest_batch=memory.largest_batch(b, usable))
         ok = timing.supported(p, dev)
         t = timing.predict(tr, p, dev, e.efficiency) if ok else None
         rows[p] = dict(precision=p, supported=ok, memory=mem, time=t,

@@ -115,16 +115,25 @@ class Phase:
     at_peak: dict[str, int] = field(default_factory=dict)
     flops: int = 0
     ops: list[tuple[int, int, str]] = field(default_factory=list)
+    # After each op: (bytes alive that do not grow with the batch, bytes that do: storages whose first dimension is
+    # the batch). The peak at another batch size is the max over this timeline with the second part rescaled.
+    timeline: list[tuple[int, int]] = field(default_factory=list)
+
+    def peak_at(self, scale: float) -> float:
+        """The phase's peak with every per-sample storage `scale` times as large (a batch `scale` times as big)."""
+        return max((c + b * scale for c, b in self.timeline), default=float(self.peak))
 
 
 class _Live(TorchDispatchMode):
     """Every storage created by an op, by category, while alive; the peak of their sum; per-op FLOPs and bytes."""
 
-    def __init__(self, params: set[int]):
+    def __init__(self, params: set[int], batch_size: int):
         super().__init__()
         self.params = params  # ids of the parameters' storages (resident before the step; not counted here)
-        self.live: dict[int, list] = {}  # id(storage) -> [nbytes, category]
+        self.batch_size = batch_size
+        self.live: dict[int, list] = {}  # id(storage) -> [nbytes, category, per_sample]
         self.total = 0
+        self.per_sample = 0
         self.by_cat: Counter = Counter()
         self.phase = Phase()
 
@@ -133,8 +142,9 @@ class _Live(TorchDispatchMode):
         return self.phase
 
     def _free(self, key: int) -> None:
-        nbytes, cat = self.live.pop(key)
+        nbytes, cat, per_sample = self.live.pop(key)
         self.total -= nbytes
+        self.per_sample -= nbytes if per_sample else 0
         self.by_cat[cat] -= nbytes
 
     def tag(self, t: torch.Tensor, category: str, only_from: tuple[str, ...] = ("temporary",)) -> None:
@@ -142,6 +152,9 @@ class _Live(TorchDispatchMode):
         if entry is not None and entry[1] in only_from:
             self.by_cat[entry[1]] -= entry[0]
             entry[1] = category
+            if category == "gradients" and entry[2]:  # a gradient whose first dimension happens to be the batch
+                entry[2] = False
+                self.per_sample -= entry[0]
             self.by_cat[category] += entry[0]
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -159,12 +172,15 @@ class _Live(TorchDispatchMode):
                 continue
             nbytes = s.nbytes()
             cat = "weight_casts" if cast_of_weight else "temporary"
-            self.live[key] = [nbytes, cat]
+            per_sample = t.dim() > 0 and t.shape[0] == self.batch_size and not cast_of_weight
+            self.live[key] = [nbytes, cat, per_sample]
             weakref.finalize(s, self._free, key)
             self.total += nbytes
+            self.per_sample += nbytes if per_sample else 0
             self.by_cat[cat] += nbytes
             new += nbytes
         ph = self.phase
+        ph.timeline.append((self.total - self.per_sample, self.per_sample))
         if self.total > ph.peak:
             ph.peak = self.total
             ph.at_peak = {k: v for k, v in self.by_cat.items() if v}
@@ -250,10 +266,12 @@ def trace_step(model: torch.nn.Module, batch: dict, precision: str, target: str 
     (its total in `flop_counter_total`, a cross-check of the per-op count, at some extra trace time)."""
     started = time.perf_counter()
     params = list(model.parameters())
+    for p in params:  # the step starts as the engine's do, after zero_grad(set_to_none=True)
+        p.grad = None
     resident = {id(t.untyped_storage()) for t in [*params, *model.buffers()]}
     weights = sum(t.untyped_storage().nbytes() for t in {id(t.untyped_storage()): t for t in
                                                           [*params, *model.buffers()]}.values())
-    live = _Live(resident)
+    live = _Live(resident, int(batch["input_ids"].shape[0]))
     saved: dict[int, tuple[int, str]] = {}
 
     def pack(t: torch.Tensor):
@@ -296,6 +314,8 @@ def trace_step(model: torch.nn.Module, batch: dict, precision: str, target: str 
     finally:
         for h in handles:
             h.remove()
+        for p in params:
+            p.grad = None
     by_dtype: Counter = Counter()
     for nbytes, kind in saved_now.values():
         by_dtype[kind] += nbytes
