@@ -116,7 +116,7 @@ class Phase:
     flops: int = 0
     ops: list[tuple[int, int, str]] = field(default_factory=list)
     # After each op: (bytes alive that do not grow with the batch, bytes that do: storages whose first dimension is
-    # the batch). The peak at another batch size is the max over this timeline with the second part rescaled.
+    # the batch, or batch x sequence as linear layers make them). The peak at another batch size is the max over this timeline with the second part rescaled.
     timeline: list[tuple[int, int]] = field(default_factory=list)
 
     def peak_at(self, scale: float) -> float:
@@ -127,10 +127,10 @@ class Phase:
 class _Live(TorchDispatchMode):
     """Every storage created by an op, by category, while alive; the peak of their sum; per-op FLOPs and bytes."""
 
-    def __init__(self, params: set[int], batch_size: int):
+    def __init__(self, params: set[int], batch_size: int, seq_len: int):
         super().__init__()
         self.params = params  # ids of the parameters' storages (resident before the step; not counted here)
-        self.batch_size = batch_size
+        self.leading = {batch_size, batch_size * seq_len}  # first dimensions of per-sample tensors: [B, ...], [B*L, ...]
         self.live: dict[int, list] = {}  # id(storage) -> [nbytes, category, per_sample]
         self.total = 0
         self.per_sample = 0
@@ -172,7 +172,7 @@ class _Live(TorchDispatchMode):
                 continue
             nbytes = s.nbytes()
             cat = "weight_casts" if cast_of_weight else "temporary"
-            per_sample = t.dim() > 0 and t.shape[0] == self.batch_size and not cast_of_weight
+            per_sample = t.dim() > 0 and t.shape[0] in self.leading and not cast_of_weight
             self.live[key] = [nbytes, cat, per_sample]
             weakref.finalize(s, self._free, key)
             self.total += nbytes
@@ -271,7 +271,7 @@ def trace_step(model: torch.nn.Module, batch: dict, precision: str, target: str 
     resident = {id(t.untyped_storage()) for t in [*params, *model.buffers()]}
     weights = sum(t.untyped_storage().nbytes() for t in {id(t.untyped_storage()): t for t in
                                                           [*params, *model.buffers()]}.values())
-    live = _Live(resident, int(batch["input_ids"].shape[0]))
+    live = _Live(resident, *map(int, batch["input_ids"].shape[:2]))
     saved: dict[int, tuple[int, str]] = {}
 
     def pack(t: torch.Tensor):
