@@ -58,7 +58,7 @@ def markdown(r: dict) -> str:
            "(docs/benchmarks/estimate.md states how far both have been off).", ""]
     if r["command"]:
         out += [f"Command: `{r['command']}`", ""]
-    out += [f"## One GPU ({gib(r['usable_bytes'])} GiB usable of {dev['memory_gib']:.1f} GiB)", ""]
+    out += [f"## One device ({gib(r['usable_bytes'])} GiB usable of {dev['memory_gib']:.1f} GiB)", ""]
     out += _table(SUMMARY_HEADER, summary_rows(r)) + [""]
     out += ["`largest batch`: per device, at this sequence length. `device needs`: the step's peak plus the "
             "allocator's slack, the CUDA context and workspaces (estimate.* keys).", ""]
@@ -108,7 +108,7 @@ def console(r: dict) -> str:
         lines.append("  ".join(str(c).replace("**", "").ljust(w) for c, w in zip(row, widths, strict=True)))
     asked = r["rows"][r["precision"]] if r["precision"] in r["rows"] else r["rows"][r["precisions"][0]]
     c = asked["memory"]["single"]["components"]
-    lines.append(f"{r['precision']} on one GPU: " + ", ".join(f"{LABELS[k]} {gib(v)}" for k, v in c.items()
+    lines.append(f"{r['precision']}, one device: " + ", ".join(f"{LABELS[k]} {gib(v)}" for k, v in c.items()
                                                                if v >= 1 << 20))
     for v in r["verdicts"]:
         lines.append(f"  [{v['verdict']}] {v['claim']}: {v['predicted']}")

@@ -128,20 +128,24 @@ def verdicts(rows: dict, dev: gpus.Device, cfg: DictConfig) -> list[dict]:
     if base is None or not mixed:
         add("Mixed precision trains in about 60% of FP32's time, with about 57% of its memory", NOT_APPLICABLE, "",
             "needs fp32 and fp16/bf16 in estimate.precisions on a device that runs them")
+    cpu_note = "the claim is about GPUs; on this CPU for the record" if dev.kind == "cpu" else ""
     for r in mixed if base else []:
         t = r["time"]["seconds"] / base["time"]["seconds"]
         mem = r["memory"]["single"]["peak"] / base["memory"]["single"]["peak"]
         add(f"Mixed precision ({r['precision']}) trains in about 60% of FP32's time", _verdict(t, TIME_CLAIM),
-            f"{t:.0%} of true fp32's time")
+            f"{t:.0%} of true fp32's time", cpu_note)
         add(f"Mixed precision ({r['precision']}) needs about 57% of FP32's memory", _verdict(mem, MEMORY_CLAIM),
             f"{mem:.0%} of fp32's peak",
-            "weights, gradients and AdamW state stay fp32 under autocast; only activations shrink")
+            cpu_note or "weights, gradients and AdamW state stay fp32 under autocast; only activations shrink")
         add(f"BERT fine-tuning in {r['precision']}: about 2x faster with half the memory",
             HOLDS if t <= 0.5 + SLACK and mem <= 0.5 + SLACK else FAILS, f"{1 / t:.2f}x faster, {mem:.0%} memory")
     if base is not None:
         for p in ("tf32", "fp16", "bf16"):
             r = rows.get(p)
             if r is None:
+                continue
+            if dev.kind == "cpu":
+                add(f"Tensor Cores ({p}) give 1.5-3x FP32's throughput", NOT_APPLICABLE, "", "a CPU has no Tensor Cores")
                 continue
             if not r["supported"] or (p == "tf32" and not dev.tflops.get("tf32")):
                 add(f"Tensor Cores ({p}) give 1.5-3x FP32's throughput", NOT_APPLICABLE, "",

@@ -1,7 +1,9 @@
 """Predicted vs measured on this CPU: the step's own peak memory, and the bf16/fp32 step-time ratio.
 
-    python -m ampft.estimate.validate                 # the table in docs/benchmarks/estimate.md (minutes)
-    python -m ampft.estimate.validate --quick         # tiny-bert only
+    python -m ampft.estimate.validate > rows.jsonl              # measure and predict every setting (minutes)
+    python -m ampft.estimate.validate --quick                   # tiny-bert only
+    python -m ampft.estimate.validate --render rows.jsonl       # the Markdown table of docs/benchmarks/estimate.md
+    python -m ampft.estimate.validate --repredict rows.jsonl    # the same rows, predictions made again now
 
 Each setting is measured in a fresh process, so nothing of an earlier setting stays in its memory. The step's own
 peak: glibc is told to serve every allocation of 64 KiB or more by mmap (MALLOC_MMAP_THRESHOLD_=65536, set before the
@@ -139,13 +141,49 @@ def error(predicted: float, measured: float) -> float:
     return predicted / measured - 1
 
 
+def markdown(rows: list[dict]) -> str:
+    """Predicted vs measured per setting: the step's own peak (MiB) per precision, and the bf16/fp32 time ratio."""
+    out = ["| model | batch x length | fp32 peak MiB predicted / measured (error) | bf16 peak MiB predicted / measured "
+           "(error) | bf16/fp32 time predicted / measured (error) |", "|---|---|---|---|---|"]
+    for r in rows:
+        cells = []
+        for p in ("fp32", "bf16"):
+            pr, me = r[f"{p}_peak_predicted"], r[f"{p}_peak_measured"]
+            cells.append(f"{pr / 2**20:.1f} / {me / 2**20:.1f} ({error(pr, me):+.1%})")
+        rp = r["bf16_seconds_predicted"] / r["fp32_seconds_predicted"]
+        rm = r["bf16_seconds_measured"] / r["fp32_seconds_measured"]
+        cells.append(f"{rp:.2f} / {rm:.2f} ({error(rp, rm):+.0%})")
+        out.append(f"| {r['model']} | {r['batch']} x {r['length']} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+def repredict(rows: list[dict]) -> list[dict]:
+    from ampft.estimate import gpus
+
+    cpu = gpus.measure_cpu()
+    for r in rows:
+        predicted = predict(r["model"], r["batch"], r["length"], ["fp32", "bf16"], cpu)
+        for p in ("fp32", "bf16"):
+            r[f"{p}_peak_predicted"] = predicted[p]["peak"]
+            r[f"{p}_seconds_predicted"] = predicted[p]["seconds"]
+        print(json.dumps(r), flush=True)
+    return rows
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--measure")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--timed", type=int, default=3)
+    ap.add_argument("--render")
+    ap.add_argument("--repredict")
     args = ap.parse_args()
-    if args.measure:
+    if args.render or args.repredict:
+        rows = [json.loads(line) for line in Path(args.render or args.repredict).read_text().splitlines() if line]
+        print(markdown(rows) if args.render else "", end="\n" if args.render else "")
+        if args.repredict:
+            repredict(rows)
+    elif args.measure:
         import logging
 
         logging.disable(logging.WARNING)
