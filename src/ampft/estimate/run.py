@@ -182,7 +182,11 @@ def estimate(cfg: DictConfig, command: str = "") -> dict:
     started = time.perf_counter()
     e = cfg.estimate
     check(e)
-    warnings = validate(cfg)
+    # The recipe's own checks, as on a machine without a GPU: this machine's GPU (if any) is not the one estimated,
+    # so its hardware warnings (fp16 on CPU, no TF32 here) are left out.
+    local = cfg.copy()
+    local.trainer.cpu = True
+    warnings = [w for w in validate(local) if not w.startswith(("precision=fp16 on CPU", "precision=tf32:"))]
     dev = gpus.device(e.gpu)
     precisions = [Precision(p).value for p in (e.precisions or ALL)]
     full, low, notes = trace_all(cfg, precisions, dev.kind)

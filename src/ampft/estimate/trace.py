@@ -185,7 +185,7 @@ class _Live(TorchDispatchMode):
             ph.peak = self.total
             ph.at_peak = {k: v for k, v in self.by_cat.items() if v}
         if not view:
-            moved = sum(t.untyped_storage().nbytes() if t.numel() else 0 for t in ins) + new
+            moved = sum(t.numel() * t.element_size() for t in ins) + new  # read once, written once
             flops = op_flops(func, args, kwargs, out)
             ph.flops += flops
             dtype = str(ins[0].dtype if ins else (outs[0].dtype if outs else "")).removeprefix("torch.")
