@@ -97,6 +97,18 @@ def measure_cpu(tokens: int = 512, width: int = 384) -> Device:
                   "measured on this machine now: a 512x384 by 384x1536 linear layer per dtype and a 64 MiB copy", kind="cpu")
 
 
+# torch.cuda.get_device_name() of the table's GPUs (first match wins; H100 PCIe/NVL have other rates: not matched).
+CUDA_NAMES = [(r"H200", "h200"), (r"H100.*(SXM|HBM3)", "h100-sxm"), (r"A100.*80", "a100-80gb"), (r"A100", "a100-40gb"),
+              (r"V100.*32", "v100-32gb"), (r"\bL4\b", "l4"), (r"\bT4\b", "t4"), (r"4090", "rtx4090")]
+
+
+def for_cuda_name(name: str) -> Device | None:
+    """The table's entry for a CUDA device name, or None."""
+    import re
+
+    return next((DEVICES[key] for pattern, key in CUDA_NAMES if re.search(pattern, name)), None)
+
+
 def device(name: str) -> Device:
     """The named device (`estimate.gpu`), or this CPU measured."""
     if name == "cpu":

@@ -229,3 +229,28 @@ def estimate(cfg: DictConfig, command: str = "") -> dict:
         rows=rows, verdicts=verdicts(rows, dev, cfg), notes=notes, warnings=warnings,
         seconds=round(time.perf_counter() - started, 1), torch=torch.__version__,
     )
+
+
+def predict_arms(cfgs: dict[str, DictConfig], env: dict) -> dict[str, dict]:
+    """For `make benchmark` reports: each speed arm's predicted step time (and peak allocated on a GPU) on the device
+    the benchmark ran on, next to what it measured. An arm that cannot be predicted is left out, with a warning."""
+    if env.get("device_type") == "cuda":
+        dev = gpus.for_cuda_name(env.get("device_name", ""))
+        if dev is None:
+            log.warning("no prediction next to the measurements: %s is not in ampft.estimate.gpus",
+                        env.get("device_name"))
+            return {}
+    else:
+        dev = gpus.measure_cpu()
+    out = {}
+    for arm, cfg in cfgs.items():
+        p = Precision(cfg.precision.name).value
+        try:
+            tr = trace_all(cfg, [p], dev.kind)[0][p]
+        except Exception as exc:  # a prediction must never cost the measurement
+            log.warning("no prediction for arm %s: %s", arm, exc)
+            continue
+        t = timing.predict(tr, p, dev) if timing.supported(p, dev) else None
+        out[arm] = dict(device=dev.label, step_seconds=t and t["seconds"],
+                        peak_bytes=tr.peak() if dev.kind == "cuda" else None)
+    return out
