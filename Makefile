@@ -53,6 +53,10 @@ test-distributed:  ## every distributed option with 2 CPU ranks: DDP, ZeRO-1/2/3
 lint:  ## ruff
 	$(PYTHON) -m ruff check src recipes tests
 
+.PHONY: estimate
+estimate:  ## predict memory and step time per precision on a GPU, no GPU needed: make estimate model=bert-large estimate.gpu=a100-80gb
+	$(PYTHON) recipes/estimate.py $(OVERRIDES)
+
 .PHONY: benchmark benchmark-gpu benchmark-peer
 benchmark:  ## precision A/B benchmark (default benchmark=cpu-smoke, minutes on a CPU): report.md, results.json/csv, PNGs
 	$(PYTHON) recipes/benchmark.py $(OVERRIDES)

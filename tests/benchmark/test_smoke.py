@@ -136,3 +136,11 @@ def test_claims_and_csv(smoke):
     assert len([x for x in rows if x["quantity"] == "step_seconds" and x["mode"] == "speed"]) == 2 * 3
     assert len([x for x in rows if x["quantity"] == "eval_accuracy"]) == 4
     assert len([x for x in rows if x["mode"] == "sweep" and x["quantity"] == "fits"]) == 4
+
+
+def test_prediction_next_to_each_speed_arm(smoke):
+    """ampft.estimate's prediction for this device beside each measured arm (docs/benchmarks/estimate.md)."""
+    out, _, r = smoke
+    predicted = r["speed"]["predicted"]
+    assert set(predicted) == {"fp32", "bf16"} and all(p["step_seconds"] > 0 for p in predicted.values())
+    assert "Predicted by `make estimate`" in (out / "report.md").read_text()

@@ -285,6 +285,15 @@ def render(results: dict, plots: list[str] | None = None) -> str:
                 f"non-embedding of {first['params']:,} parameters, s = {first['seq_len']}). "
                 "MFU = achieved TFLOP/s / dense peak TFLOP/s of the precision that ran: "
                 + "; ".join(sorted({f"{a['precision']}: {a['peak_tflops_source']}" for a in speed})) + ".", ""]
+        predicted = (results.get("speed") or {}).get("predicted") or {}
+        if predicted:  # from ampft.estimate (make estimate): the model's error, arm by arm
+            ms = {k: None if v["step_seconds"] is None else 1000 * v["step_seconds"] for k, v in predicted.items()}
+            rows = [[f"`{a['arm']}`", _f(ms[a["arm"]]),
+                     f"{1000 * a['step_time']['median']:.1f}", _mib(predicted[a["arm"]]["peak_bytes"]),
+                     _mib(a["peak_memory_bytes"]) if cuda else "—"] for a in speed if a["arm"] in predicted]
+            out += [f"Predicted by `make estimate` for {next(iter(predicted.values()))['device']} (a trace of the "
+                    "same step on fake tensors; docs/benchmarks/estimate.md):", ""]
+            out += _table(["arm", "predicted step ms", "measured step ms", "predicted peak", "measured peak"], rows) + [""]
         if not cuda:
             out += ["CPU memory is the peak RSS of the whole process during the arm's steps (its peak is reset per "
                     "arm): it includes the interpreter, torch, the tokenizer and the data, the same for every arm.", ""]

@@ -187,6 +187,9 @@ def run_benchmark(b: DictConfig, out_dir: Path, conf_dir: Path = CONF_DIR, comma
                 log.warning("no MFU: %s", source)
         results.add_speed_ratios(arms, b.baseline)
         res["speed"] = dict(raw=raw, arms=arms)
+        from ampft.estimate.run import predict_arms  # the prediction next to each measured arm
+
+        res["speed"]["predicted"] = predict_arms({r["arm"]: cfgs[(Mode.speed.value, r["arm"], None)] for r in raw}, env)
 
     if run.acc_arms:
         names = [a.name for a in run.acc_arms]

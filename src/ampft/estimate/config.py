@@ -1,0 +1,61 @@
+"""The `estimate` keys, added to the composed finetune config by conf/estimate.yaml (`make estimate`).
+
+`estimate_schema` is stored in Hydra's ConfigStore as `{"estimate": EstimateConfig}`; conf/estimate.yaml lists it
+before `finetune`, so every finetune group and key composes as for `make finetune`, unknown `estimate.*` keys fail
+at compose time, and `check` reports every bad value at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig
+
+from ampft.config import ConfigError, Precision
+
+
+@dataclass
+class EstimateConfig:
+    # The device: h200, h100-sxm, a100-80gb, a100-40gb, v100-32gb, l4, t4, rtx4090 (ampft.estimate.gpus), or cpu
+    # (this machine, its rates measured for a few seconds).
+    gpu: str = "a100-80gb"
+    # Precisions estimated side by side; null: all four. The composed `precision` group is marked in the report.
+    precisions: list[Precision] | None = None
+    # Ranks for the DDP / ZeRO / FSDP2 columns; null: distributed.num_processes x num_machines, or 8 when that is 1.
+    ranks: int | None = None
+    # What a GPU holds beyond the step's allocated peak (stated assumptions, not traced): the CUDA context with its
+    # loaded kernels, cuBLAS/cuDNN workspaces, and the caching allocator's reserved-but-unallocated slack as a
+    # fraction of the peak. Set them from nvidia-smi / torch.cuda.memory_reserved on your machine.
+    cuda_context_gib: float = 0.5
+    workspace_mib: float = 32.0
+    allocator_overhead: float = 0.05
+    # Fraction of the roofline the step reaches; null: ampft.estimate.time.EFFICIENCY (calibrated on NVIDIA's
+    # BERT-large A100 figures). Ignored for gpu=cpu, whose rates are measured.
+    efficiency: float | None = None
+
+
+ConfigStore.instance().store(name="estimate_schema", node={"estimate": EstimateConfig})
+
+
+class EstimateConfigError(ConfigError):
+    what = "the estimate config"
+
+
+def check(e: DictConfig) -> None:
+    from ampft.estimate.gpus import CHOICES
+
+    problems = []
+    if e.gpu not in CHOICES:
+        problems.append(f"estimate.gpu={e.gpu}: not a known device; choose one of {', '.join(CHOICES)}")
+    if e.precisions is not None and not e.precisions:
+        problems.append("estimate.precisions is empty: give some of [fp32,tf32,fp16,bf16], or null for all four")
+    if e.ranks is not None and e.ranks < 1:
+        problems.append(f"estimate.ranks={e.ranks}: must be >= 1, or null (from distributed.num_processes)")
+    for key in ("cuda_context_gib", "workspace_mib", "allocator_overhead"):
+        if not e[key] >= 0:
+            problems.append(f"estimate.{key}={e[key]}: must be >= 0")
+    if e.efficiency is not None and not 0 < e.efficiency <= 1:
+        problems.append(f"estimate.efficiency={e.efficiency}: a fraction in (0, 1], or null (calibrated)")
+    if problems:
+        raise EstimateConfigError(problems)

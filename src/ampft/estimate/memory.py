@@ -1,0 +1,152 @@
+"""Memory per rank of one training step, by component, for each way of spreading the model over ranks.
+
+From a traced step (`ampft.estimate.trace.StepTrace`): weights, gradients and optimizer state as the recipe holds
+them, and at the forward/backward peak the activations saved for backward, the low-precision weight casts autocast
+keeps for backward, the gradients already there and the temporaries. The step's peak is the larger of two moments:
+the forward/backward peak (with weights and optimizer state resident) and the optimizer step (weights, gradients,
+state and the optimizer's temporaries; foreach AdamW under fp16 loss scaling makes full-size temporaries, fused AdamW
+none).
+
+Sharding over N ranks (activations are per rank and never divided; batch is per device):
+
+- ddp: everything whole, plus DDP's gradient buckets: a second copy of the gradients (Accelerate's default
+  `gradient_as_bucket_view=False`).
+- zero1 / zero2 / zero3 (DeepSpeed): optimizer state / N; zero2 also gradients / N; zero3 also weights / N plus
+  the parameters gathered for the layer being computed (one layer, plus the prefetch bucket); ZeRO-1/2 keep a
+  gradient reduce bucket of `distributed.reduce_bucket_size` elements (at most the model). With DeepSpeed's own
+  fp16/bf16 mode (`distributed.deepspeed_precision=half`, the default for fp16) weights and gradients are 16-bit
+  and the optimizer holds an fp32 master copy (4 bytes per parameter, sharded like the state); the model then has
+  no weight casts.
+- fsdp2: weights, gradients and state / N, plus the layer being computed and the next one gathered in fp32
+  (ampft's FSDP2 policy casts nothing) and one layer's unsharded gradients before their reduce-scatter. With
+  `distributed.fsdp_reshard_after_forward=false` the whole model stays gathered from forward to backward.
+
+The weight casts of ZeRO-3 and FSDP2 are not divided: autocast casts the gathered weights and autograd keeps those
+casts for backward after the fp32 shards are released.
+
+What the GPU needs beyond the step's peak: the CUDA context and the library workspaces, and the caching
+allocator's slack (memory reserved in blocks but not allocated). These are stated assumptions
+(`estimate.cuda_context_gib`, `estimate.workspace_mib`, `estimate.allocator_overhead`), not traced.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ampft.estimate.trace import StepTrace
+
+STRATEGIES = ("single", "ddp", "zero1", "zero2", "zero3", "fsdp2")
+SCALER_BYTES = 12  # GradScaler: the scale (fp32), the growth tracker (int32), one found-inf flag (fp32)
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class Overheads:
+    cuda_context_gib: float = 0.5
+    workspace_mib: float = 32.0
+    allocator_overhead: float = 0.05
+
+    def total(self, peak: float, kind: str = "cuda") -> float:
+        """What the device must hold for a step whose allocated peak is `peak` bytes."""
+        if kind != "cuda":
+            return peak
+        return peak * (1 + self.allocator_overhead) + self.cuda_context_gib * GIB + self.workspace_mib * 2**20
+
+    def usable(self, memory_bytes: float, kind: str = "cuda") -> float:
+        """The largest allocated peak that fits in `memory_bytes`."""
+        if kind != "cuda":
+            return memory_bytes
+        return (memory_bytes - self.cuda_context_gib * GIB - self.workspace_mib * 2**20) / (1 + self.allocator_overhead)
+
+
+@dataclass(frozen=True)
+class Sharding:
+    """The distributed settings that change memory (from the composed `distributed` group)."""
+
+    ranks: int = 1
+    reduce_bucket_size: int = 500_000_000
+    stage3_prefetch_bucket_size: int = 50_000_000
+    fsdp_reshard_after_forward: bool = True
+    deepspeed_half: bool = False  # DeepSpeed's own fp16/bf16 mode (16-bit weights and grads, fp32 master copy)
+
+
+@dataclass
+class Breakdown:
+    strategy: str
+    ranks: int
+    components: dict[str, float]  # at the peak moment, bytes per rank
+    forward_backward: float  # the forward/backward moment's total
+    optimizer_step: float  # the optimizer step's total
+    trace: StepTrace
+
+    @property
+    def peak(self) -> float:
+        return max(self.forward_backward, self.optimizer_step)
+
+    def forward_backward_at(self, batch_size: int) -> float:
+        """The forward/backward total at another per-rank batch size: the traced timeline with every storage whose
+        first dimension is the batch rescaled (everything else here does not depend on the batch)."""
+        fb = self.trace.forward_backward
+        return self.forward_backward + fb.peak_at(batch_size / self.trace.batch_size) - fb.peak
+
+
+def breakdown(tr: StepTrace, strategy: str, sh: Sharding, fp16_scaler: bool, grad_accum: int = 1) -> Breakdown:
+    """Per-rank bytes of each component at the peak of one step under `strategy` with `sh.ranks` ranks. With
+    gradient accumulation the gradients of earlier micro-batches are there through each later forward/backward."""
+    n = 1 if strategy == "single" else max(1, sh.ranks)
+    p = tr.trainable_params
+    fb = tr.forward_backward.at_peak
+    weights, grads, state, casts = float(tr.weights), float(tr.gradients), float(tr.optimizer_state), \
+        float(tr.saved_weight_casts)
+    master = 0.0
+    grad_elem = tr.gradients / max(p, 1)
+    if strategy.startswith("zero") and sh.deepspeed_half:
+        weights, grads, master, casts = weights / 2, grads / 2, 4.0 * p, 0.0
+        grad_elem = 2
+    acts = float(fb.get("activations", 0))
+    temps = float(fb.get("temporary", 0))
+    grads_fb = grads if grad_accum > 1 else float(fb.get("gradients", 0)) * (grads / max(tr.gradients, 1))
+    opt_temp = max(0.0, tr.optimizer_step.peak - tr.gradients - tr.optimizer_state)
+    block = float(tr.largest_block_params) * (weights / max(tr.params, 1))
+    comm_fb = comm_opt = 0.0
+    w_div = g_div = s_div = 1
+    if strategy == "ddp":
+        comm_fb = comm_opt = grads
+    elif strategy in ("zero1", "zero2", "zero3"):
+        s_div = n
+        bucket = min(sh.reduce_bucket_size, p) * grad_elem
+        if strategy in ("zero2", "zero3"):
+            g_div = n
+        if strategy == "zero3":
+            w_div = n
+            gathered = block + min(sh.stage3_prefetch_bucket_size, p) * (weights / max(tr.params, 1))
+            comm_fb += gathered
+        comm_fb += bucket
+        comm_opt += bucket
+    elif strategy == "fsdp2":
+        w_div = g_div = s_div = n
+        comm_fb = 2 * block + block / max(weights / max(tr.params, 1), 1) * grad_elem
+        if not sh.fsdp_reshard_after_forward:
+            comm_fb += weights * (n - 1) / n
+    scaler = SCALER_BYTES if fp16_scaler else 0
+    resident = dict(weights=weights / w_div, optimizer_state=state / s_div, fp32_master_copies=master / s_div,
+                    loss_scaler=scaler)
+    at_fb = dict(resident, weight_casts=casts, activations=acts, gradients=grads_fb / g_div, temporaries=temps,
+                 communication_buffers=comm_fb)
+    at_opt = dict(resident, gradients=grads / g_div, temporaries=opt_temp / s_div, communication_buffers=comm_opt)
+    fb_total, opt_total = sum(at_fb.values()), sum(at_opt.values())
+    components = at_fb if fb_total >= opt_total else at_opt
+    return Breakdown(strategy, n, components, fb_total, opt_total, tr)
+
+
+def largest_batch(b: Breakdown, usable_bytes: float, limit: int = 1 << 20) -> int:
+    """The largest per-rank batch whose step fits in `usable_bytes` (allocated); 0 if not even one sample does."""
+    if b.optimizer_step > usable_bytes or b.forward_backward_at(1) > usable_bytes:
+        return 0
+    lo, hi = 1, 2
+    while hi < limit and b.forward_backward_at(hi) <= usable_bytes:
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:  # forward_backward_at grows with the batch: bisect
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if b.forward_backward_at(mid) <= usable_bytes else (lo, mid)
+    return lo

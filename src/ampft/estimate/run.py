@@ -1,0 +1,256 @@
+"""`make estimate`: compose → check → trace each precision's step on fake tensors → memory, time, verdicts."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from ampft.benchmark.results import (
+    HF_ANCHOR,
+    MEMORY_CLAIM,
+    NVIDIA_ANCHOR,
+    SLACK,
+    TENSOR_CORE_SPEEDUP,
+    TIME_CLAIM,
+)
+from ampft.config import Backend, Precision, TaskFamily
+from ampft.estimate import gpus, memory
+from ampft.estimate import time as timing
+from ampft.estimate.config import check
+from ampft.estimate.trace import fake_batch, fake_mode, trace_step
+
+log = logging.getLogger(__name__)
+
+CONF_DIR = Path(__file__).resolve().parents[3] / "conf"
+ALL = [p.value for p in Precision]
+HOLDS, FAILS, NOT_APPLICABLE = "holds", "does not hold", "not applicable"
+
+
+def compose(overrides: list[str], conf_dir: Path = CONF_DIR) -> DictConfig:
+    """conf/estimate.yaml with overrides, outside a running Hydra app (tests, calibration)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    import ampft.config  # noqa: F401  (registers finetune_schema)
+    import ampft.estimate.config  # noqa: F401  (registers estimate_schema)
+
+    with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
+        return hydra_compose(config_name="estimate", overrides=list(overrides))
+
+
+def _labels(task: DictConfig) -> tuple[list[str] | None, str]:
+    family = TaskFamily(task.family)
+    if family == TaskFamily.regression or family == TaskFamily.question_answering:
+        return None, ""
+    if task.labels is not None:
+        return [str(x) for x in task.labels], ""
+    n = 9 if family == TaskFamily.token_classification else 2
+    return [str(i) for i in range(n)], (f"task.labels is unset (the labels come from the data): estimated with {n} "
+                                        "labels; the head is a negligible part of the model")
+
+
+def deepspeed_half(cfg: DictConfig, precision: str) -> bool:
+    """Whether DeepSpeed would run this precision in its own 16-bit mode (`distributed.deepspeed_precision`)."""
+    from ampft.precision import deepspeed_mode
+
+    p = OmegaConf.create({"name": precision})
+    return deepspeed_mode(p, cfg.distributed.deepspeed_precision) == "half"
+
+
+def trace_all(cfg: DictConfig, precisions: list[str], target: str, slope: bool = False):
+    """{precision: StepTrace} at the configured batch, {precision: StepTrace} at a quarter of it (forward/backward
+    only, with slope=True: the tests' check of `Phase.peak_at`), and notes. fp32 and tf32 trace alike (the same
+    dtypes), so tf32 reuses fp32's."""
+    from ampft.finetune import build_optimizer
+    from ampft.models import build_model, load_tokenizer
+
+    notes = []
+    m = OmegaConf.merge(cfg.model, {"pretrained": False})  # the architecture is all an estimate needs
+    tokenizer = load_tokenizer(m)
+    labels, note = _labels(cfg.task)
+    if note:
+        notes.append(note)
+    family = TaskFamily(cfg.task.family).value
+    bs, seq = int(cfg.trainer.batch_size), int(cfg.task.max_length)
+    small_bs = max(1, bs // 4) if bs > 1 else 2
+    mode = fake_mode()
+    with mode:
+        model = build_model(m, tokenizer, labels, family, Precision.fp32, torch.device("cpu"))
+        vocab = model.config.vocab_size
+        batch = fake_batch(family, bs, seq, vocab, None if labels is None else len(labels))
+        small = fake_batch(family, small_bs, seq, vocab, None if labels is None else len(labels))
+    if model.config._attn_implementation != "sdpa":
+        notes.append(f"attention traced as {model.config._attn_implementation}")
+    elif target == "cuda" and cfg.model.attn_implementation == "auto":
+        notes.append("model.attn_implementation=auto: traced with SDPA (memory-efficient kernel); FlashAttention-2, "
+                     "chosen on Ampere+ GPUs in fp16/bf16 where flash-attn is installed, keeps the same tensors")
+    device = torch.device(target)
+    full, low = {}, {}
+    for p in precisions:
+        twin = "fp32" if p == "tf32" else ("tf32" if p == "fp32" else None)
+        if twin in full:
+            full[p] = dataclasses.replace(full[twin], precision=p)
+            if twin in low:
+                low[p] = dataclasses.replace(low[twin], precision=p)
+            continue
+        scaling = p == "fp16" and not (cfg.distributed.backend == Backend.deepspeed and deepspeed_half(cfg, p))
+        trace_p = "fp32" if p == "tf32" else p
+        full[p] = dataclasses.replace(trace_step(
+            model, batch, trace_p, target, lambda mod, s=scaling: build_optimizer(mod, cfg.optim, device, s),
+            float(cfg.trainer.max_grad_norm), mode), precision=p)
+        if slope:
+            low[p] = dataclasses.replace(trace_step(model, small, trace_p, target, mode=mode, optimizer=False),
+                                         precision=p)
+        log.info("traced %s: %.1f s", p, full[p].seconds)
+    return full, low, notes
+
+
+def _verdict(ratio: float | None, claimed: float) -> str:
+    if ratio is None:
+        return NOT_APPLICABLE
+    return HOLDS if ratio <= claimed + SLACK else FAILS
+
+
+def verdicts(rows: dict, dev: gpus.Device, cfg: DictConfig) -> list[dict]:
+    """Each seed claim, judged on the predictions for this device and recipe."""
+    out = []
+    base = rows.get("fp32")
+
+    def add(claim, verdict, predicted, note=""):
+        out.append(dict(claim=claim, verdict=verdict, predicted=predicted, note=note))
+
+    mixed = [r for p, r in rows.items() if p in ("fp16", "bf16") and r["supported"]]
+    if base is None or not mixed:
+        add("Mixed precision trains in about 60% of FP32's time, with about 57% of its memory", NOT_APPLICABLE, "",
+            "needs fp32 and fp16/bf16 in estimate.precisions on a device that runs them")
+    cpu_note = "the claim is about GPUs; on this CPU for the record" if dev.kind == "cpu" else ""
+    for r in mixed if base else []:
+        t = r["time"]["seconds"] / base["time"]["seconds"]
+        mem = r["memory"]["single"]["peak"] / base["memory"]["single"]["peak"]
+        add(f"Mixed precision ({r['precision']}) trains in about 60% of FP32's time", _verdict(t, TIME_CLAIM),
+            f"{t:.0%} of true fp32's time", cpu_note)
+        add(f"Mixed precision ({r['precision']}) needs about 57% of FP32's memory", _verdict(mem, MEMORY_CLAIM),
+            f"{mem:.0%} of fp32's peak",
+            cpu_note or "weights, gradients and AdamW state stay fp32 under autocast; only activations shrink")
+        add(f"BERT fine-tuning in {r['precision']}: about 2x faster with half the memory",
+            HOLDS if t <= 0.5 + SLACK and mem <= 0.5 + SLACK else FAILS, f"{1 / t:.2f}x faster, {mem:.0%} memory")
+    if base is not None:
+        for p in ("tf32", "fp16", "bf16"):
+            r = rows.get(p)
+            if r is None:
+                continue
+            if dev.kind == "cpu":
+                add(f"Tensor Cores ({p}) give 1.5-3x FP32's throughput", NOT_APPLICABLE, "", "a CPU has no Tensor Cores")
+                continue
+            if not r["supported"] or (p == "tf32" and not dev.tflops.get("tf32")):
+                add(f"Tensor Cores ({p}) give 1.5-3x FP32's throughput", NOT_APPLICABLE, "",
+                    f"{dev.label} has no {p} Tensor Core path")
+                continue
+            s = base["time"]["seconds"] / r["time"]["seconds"]
+            add(f"Tensor Cores ({p}) give 1.5-3x FP32's throughput",
+                HOLDS if s >= TENSOR_CORE_SPEEDUP[0] else FAILS, f"{s:.2f}x",
+                "more than the claimed 3x: true fp32 runs on CUDA cores" if s > TENSOR_CORE_SPEEDUP[1] else "")
+    nv = NVIDIA_ANCHOR
+    same = (dev.name == "a100-80gb" and cfg.model.name == nv["model"] and int(cfg.task.max_length) == nv["seq_len"]
+            and int(cfg.trainer.batch_size) == nv["batch_size"])
+    if same and "tf32" in rows and "fp16" in rows:
+        a, b = rows["tf32"]["time"]["samples_per_second"], rows["fp16"]["time"]["samples_per_second"]
+        add("NVIDIA: BERT-large SQuAD, one A100-80GB, 32 x 384: TF32 61.5, FP16 110.5 sequences/s (1.79x)",
+            HOLDS if b / a >= 0.8 * nv["fp16"] / nv["tf32"] else FAILS,
+            f"TF32 {a:.1f}, FP16 {b:.1f} sequences/s ({b / a:.2f}x)",
+            "the efficiency factor is calibrated on these two points, so this is a consistency check, not a test")
+    hf = HF_ANCHOR
+    if (dev.name.startswith("v100") and cfg.model.name == hf["model"] and int(cfg.task.max_length) == hf["seq_len"]
+            and int(cfg.trainer.batch_size) == hf["batch_size"] and "fp16" in rows and base is not None):
+        f = rows["fp16"]
+        s = base["time"]["seconds"] / f["time"]["seconds"]
+        saving = 1 - f["memory"]["single"]["peak"] / base["memory"]["single"]["peak"]
+        add("Hugging Face: bert-large, seq 512, batch 4, one V100: fp16 2.1x fp32 throughput, 7% less memory",
+            HOLDS if s >= 0.8 * hf["speedup"] else FAILS, f"{s:.2f}x, {saving:.0%} less memory")
+    return out
+
+
+def estimate(cfg: DictConfig, command: str = "") -> dict:
+    """Everything `make estimate` reports, as plain data (estimate.json)."""
+    from ampft.config import validate
+
+    started = time.perf_counter()
+    e = cfg.estimate
+    check(e)
+    # The recipe's own checks, as on a machine without a GPU: this machine's GPU (if any) is not the one estimated,
+    # so its hardware warnings (fp16 on CPU, no TF32 here) are left out.
+    local = cfg.copy()
+    local.trainer.cpu = True
+    warnings = [w for w in validate(local) if not w.startswith(("precision=fp16 on CPU", "precision=tf32:"))]
+    dev = gpus.device(e.gpu)
+    precisions = [Precision(p).value for p in (e.precisions or ALL)]
+    full, low, notes = trace_all(cfg, precisions, dev.kind)
+    d = cfg.distributed
+    world = int(d.num_processes) * int(d.num_machines)
+    ranks = int(e.ranks or (world if world > 1 else 8))
+    over = memory.Overheads(float(e.cuda_context_gib), float(e.workspace_mib), float(e.allocator_overhead))
+    usable = over.usable(dev.memory_gib * memory.GIB, dev.kind)
+    rows = {}
+    for p in precisions:
+        tr = full[p]
+        sh = memory.Sharding(ranks, int(d.reduce_bucket_size), int(d.stage3_prefetch_bucket_size),
+                             bool(d.fsdp_reshard_after_forward), deepspeed_half(cfg, p))
+        scaler = p == "fp16"
+        mem = {}
+        for s in memory.STRATEGIES:
+            b = memory.breakdown(tr, s, sh, scaler, int(cfg.trainer.grad_accum))
+            mem[s] = dict(ranks=b.ranks, peak=b.peak, forward_backward=b.forward_backward,
+                          optimizer_step=b.optimizer_step, components=b.components,
+                          device_total=over.total(b.peak, dev.kind), fits=b.peak <= usable,
+                          largest_batch=memory.largest_batch(b, usable))
+        ok = timing.supported(p, dev)
+        t = timing.predict(tr, p, dev, e.efficiency) if ok else None
+        rows[p] = dict(precision=p, supported=ok, memory=mem, time=t,
+                       trace=dict(params=tr.params, weights=tr.weights, gradients=tr.gradients,
+                                  optimizer_state=tr.optimizer_state, saved_activations=tr.saved_activations,
+                                  saved_weight_casts=tr.saved_weight_casts, saved_by_dtype=tr.saved_by_dtype,
+                                  flops=tr.flops,
+                                  seconds=round(tr.seconds, 2)))
+        if not ok:
+            notes.append(f"{dev.label} has no {p} support: its memory is shown, no time")
+    chosen = {Backend.single: "single", Backend.ddp: "ddp", Backend.fsdp: "fsdp2"}.get(
+        Backend(d.backend), f"zero{d.zero_stage}" if d.zero_stage else "ddp")
+    return dict(
+        command=command, model=cfg.model.name, task=cfg.task.name, family=TaskFamily(cfg.task.family).value,
+        batch_size=int(cfg.trainer.batch_size), seq_len=int(cfg.task.max_length), grad_accum=int(cfg.trainer.grad_accum),
+        precision=Precision(cfg.precision.name).value, precisions=precisions, strategy=chosen, ranks=ranks,
+        device=dataclasses.asdict(dev), usable_bytes=usable, overheads=dataclasses.asdict(over),
+        efficiency=(rows[precisions[0]]["time"] or {}).get("efficiency"), calibration=timing.CALIBRATION,
+        rows=rows, verdicts=verdicts(rows, dev, cfg), notes=notes, warnings=warnings,
+        seconds=round(time.perf_counter() - started, 1), torch=torch.__version__,
+    )
+
+
+def predict_arms(cfgs: dict[str, DictConfig], env: dict) -> dict[str, dict]:
+    """For `make benchmark` reports: each speed arm's predicted step time (and peak allocated on a GPU) on the device
+    the benchmark ran on, next to what it measured. An arm that cannot be predicted is left out, with a warning."""
+    if env.get("device_type") == "cuda":
+        dev = gpus.for_cuda_name(env.get("device_name", ""))
+        if dev is None:
+            log.warning("no prediction next to the measurements: %s is not in ampft.estimate.gpus",
+                        env.get("device_name"))
+            return {}
+    else:
+        dev = gpus.measure_cpu()
+    out = {}
+    for arm, cfg in cfgs.items():
+        p = Precision(cfg.precision.name).value
+        try:
+            tr = trace_all(cfg, [p], dev.kind)[0][p]
+        except Exception as exc:  # a prediction must never cost the measurement
+            log.warning("no prediction for arm %s: %s", arm, exc)
+            continue
+        t = timing.predict(tr, p, dev) if timing.supported(p, dev) else None
+        out[arm] = dict(device=dev.label, step_seconds=t and t["seconds"],
+                        peak_bytes=tr.peak() if dev.kind == "cuda" else None)
+    return out

@@ -1,0 +1,109 @@
+"""Step time from a traced step: a roofline per op, one efficiency factor calibrated on NVIDIA's published figures.
+
+Each op of the traced step takes max(FLOPs / peak, bytes / bandwidth): matmuls and attention at the device's peak
+for the dtype they ran in (fp32 matmuls at the TF32 Tensor Core rate under precision=tf32, at the CUDA-core rate
+under fp32; fp16/bf16 at the Tensor Core rate), every other op (LayerNorm, GELU, dropout, softmax, casts, the
+optimizer) at the memory bandwidth, reading its inputs and writing its outputs once. The sum is what the hardware
+could do at its datasheet rates; real steps are slower (kernel launches, tails of small matmuls, kernels below peak
+bandwidth), by a factor taken from a published measurement:
+
+    NVIDIA DeepLearningExamples, BERT-large SQuAD v1.1 fine-tuning on one A100-80GB, batch 32, sequence 384:
+    61.5 sequences/s in TF32, 110.5 in mixed precision (fp16).
+
+`EFFICIENCY` is the geometric mean over those two points of (roofline time / published time) for that model, shape
+and GPU, traced by `calibrate()` (`python -m ampft.estimate.time` prints it again). It is applied unchanged to every
+device, precision, model and shape: an assumption, and the reason these are predictions. How far the model
+reproduces the ratio of the two points themselves is printed with it (`CALIBRATION`).
+"""
+
+from __future__ import annotations
+
+import math
+
+from ampft.benchmark.results import NVIDIA_ANCHOR
+from ampft.estimate.gpus import Device
+from ampft.estimate.trace import StepTrace
+
+# From calibrate() with this tree (torch 2.13): see the module docstring. Recomputed by `python -m ampft.estimate.time`
+# and checked by tests/estimate/test_time.py::test_calibration_constant_is_current (slow).
+EFFICIENCY = 0.808
+CALIBRATION = dict(efficiency=EFFICIENCY, per_point=dict(tf32=0.754, fp16=0.867), published_speedup=1.797,
+                   model_speedup=1.563, torch="2.13.0")
+
+
+def op_seconds(flops: int, moved: int, dtype: str, precision: str, dev: Device) -> float:
+    """Roofline time of one op at datasheet rates (efficiency 1)."""
+    t_mem = moved / (dev.bandwidth_gbs * 1e9)
+    if not flops:
+        return t_mem
+    key = {"float32": "tf32" if precision == "tf32" else "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(dtype, "fp32")
+    peak = dev.tflops.get(key) or dev.tflops.get("fp32")
+    return max(flops / (peak * 1e12), t_mem)
+
+
+def roofline_seconds(tr: StepTrace, precision: str, dev: Device) -> dict[str, float]:
+    """Seconds per phase at datasheet rates, and the share bound by compute."""
+    out = {}
+    compute = 0.0
+    for name, phase in (("forward_backward", tr.forward_backward), ("optimizer_step", tr.optimizer_step)):
+        total = 0.0
+        for flops, moved, dtype in phase.ops:
+            t = op_seconds(flops, moved, dtype, precision, dev)
+            total += t
+            if flops and t > moved / (dev.bandwidth_gbs * 1e9):
+                compute += t
+        out[name] = total
+    out["total"] = out["forward_backward"] + out["optimizer_step"]
+    out["compute_bound_share"] = compute / out["total"] if out["total"] else 0.0
+    return out
+
+
+def supported(precision: str, dev: Device) -> bool:
+    """Whether the device runs `precision` at all (V100/T4: no bf16; tf32 without TF32 runs as fp32)."""
+    return precision in ("fp32", "tf32") or dev.tflops.get(precision) is not None
+
+
+def predict(tr: StepTrace, precision: str, dev: Device, efficiency: float | None = None) -> dict:
+    """Predicted step time, throughput and the MFU it assumes, for `precision` on `dev`."""
+    eff = efficiency if efficiency is not None else (1.0 if dev.kind == "cpu" else EFFICIENCY)
+    roof = roofline_seconds(tr, precision, dev)
+    seconds = roof["total"] / eff
+    ran = precision if precision != "tf32" or dev.tflops.get("tf32") else "fp32"
+    peak = dev.tflops.get(ran)
+    mfu = tr.flops / seconds / (peak * 1e12) if peak else None
+    return dict(precision=precision, runs_as=ran, seconds=seconds, samples_per_second=tr.batch_size / seconds,
+                tflops=tr.flops / seconds / 1e12, mfu=mfu, efficiency=eff,
+                roofline_seconds=roof["total"], compute_bound_share=roof["compute_bound_share"],
+                optimizer_seconds=roof["optimizer_step"] / eff)
+
+
+def calibrate(traces: dict[str, StepTrace] | None = None) -> dict:
+    """Efficiency = geometric mean over NVIDIA's TF32 and FP16 points of roofline time / published time, for
+    BERT-large with a SQuAD head at 32 x 384 on the A100-80GB (traced here unless `traces` has tf32 and fp16)."""
+    from ampft.estimate.gpus import DEVICES
+
+    nv = NVIDIA_ANCHOR
+    if traces is None:
+        from ampft.estimate.run import compose, trace_all
+
+        cfg = compose(["model=bert-large", "task=squad", f"trainer.batch_size={nv['batch_size']}",
+                       f"task.max_length={nv['seq_len']}"])
+        traces = trace_all(cfg, ["tf32", "fp16"], "cuda", slope=False)[0]
+    dev = DEVICES["a100-80gb"]
+    ratios = {}
+    for p in ("tf32", "fp16"):
+        published = nv["batch_size"] / nv[p]
+        ratios[p] = roofline_seconds(traces[p], p, dev)["total"] / published
+    eff = math.exp(sum(math.log(r) for r in ratios.values()) / len(ratios))
+    model_speedup = (roofline_seconds(traces["tf32"], "tf32", dev)["total"]
+                     / roofline_seconds(traces["fp16"], "fp16", dev)["total"])
+    return dict(efficiency=eff, per_point=ratios, published_speedup=nv["fp16"] / nv["tf32"],
+                model_speedup=model_speedup,
+                source="NVIDIA DeepLearningExamples BERT (PyTorch) SQuAD fine-tuning, 1x A100-80GB, batch 32, seq 384: "
+                       "TF32 61.5, FP16 110.5 sequences/s")
+
+
+if __name__ == "__main__":
+    import json
+
+    print(json.dumps(calibrate(), indent=1))

@@ -1,0 +1,332 @@
+"""One training step of the composed recipe's real model, traced on fake tensors: what it keeps, what it computes.
+
+The model is built by `ampft.models.build_model` (the task family's head, the attention implementation) inside a
+`FakeTensorMode`: every tensor has its shape, dtype and device but no data, so BERT-large at 32 x 384 traces on
+a laptop CPU in seconds without allocating its gigabytes. The step is the engine's: forward under the precision's
+autocast (Accelerate wraps the model's forward, loss included), backward, gradient clipping, the optimizer built
+by `ampft.finetune.build_optimizer` (fused AdamW where the recipe uses it), zero_grad(set_to_none=True).
+
+Counted while it runs:
+- every storage created, alive from the op that made it until its last tensor dies (weakref finalizers), by
+  category, with the peak of their sum and what it was made of at that moment;
+- each storage saved for backward once (`saved_tensors_hooks`; views of one storage are one storage): the
+  activations, and the low-precision copies of weights that autocast casts and keeps for backward;
+- FLOPs of each matmul and attention op (`torch.utils.flop_counter`'s formulas, the ones `FlopCounterMode`
+  uses), and the bytes every op reads and writes, for the roofline in `ampft.estimate.time`.
+
+CPU and CUDA autocast cast different op lists. Matmuls (linear, bmm, baddbmm, addmm, SDPA) run in 16 bits under
+both; CUDA's autocast also runs a list of ops in fp32 that CPU autocast runs in the input dtype, LayerNorm and
+softmax among them, so on a GPU the LayerNorm outputs are fp32 and each following linear saves its own 16-bit
+cast. With `target="cuda"` the trace runs on CPU fake tensors with CPU autocast plus `CudaPolicy`, which
+casts the inputs of CUDA's fp32 list to fp32, so the dtypes saved are CUDA's. (A fake CUDA device does not trace
+on a CPU-only torch build, and a CPU trace is what a development machine can run.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import weakref
+from collections import Counter
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves, tree_map
+from torch.utils.flop_counter import FlopCounterMode, flop_registry, sdpa_backward_flop_count, sdpa_flop_count
+
+aten = torch.ops.aten
+
+HALF = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+# The CUDA autocast fp32 list (torch.amp docs, "CUDA Ops that can autocast to float32") as Python functions, for
+# the ops that CPU autocast does not also put in its fp32 list (the losses are in both).
+_CUDA_FP32 = [
+    F.layer_norm, F.group_norm, F.softmax, F.log_softmax, F.softmin, F.softplus, F.normalize, F.cosine_similarity,
+    torch.softmax, torch.log_softmax, torch.Tensor.softmax, torch.Tensor.log_softmax,
+    torch.exp, torch.Tensor.exp, torch.expm1, torch.log, torch.Tensor.log, torch.log1p, torch.log2, torch.log10,
+    torch.pow, torch.Tensor.pow, torch.Tensor.__pow__, torch.Tensor.__rpow__, torch.rsqrt, torch.Tensor.rsqrt,
+    torch.reciprocal, torch.Tensor.reciprocal, torch.sum, torch.Tensor.sum, torch.cumsum, torch.Tensor.cumsum,
+    torch.cumprod, torch.prod, torch.Tensor.prod, torch.norm, torch.Tensor.norm, torch.erfinv, torch.acos,
+    torch.asin, torch.cosh, torch.sinh, torch.tan, torch.dist, torch.cdist, torch.renorm,
+    torch.Tensor.__rtruediv__,
+]
+CUDA_FP32_FUNCS = frozenset(_CUDA_FP32)
+
+
+class CudaPolicy(TorchFunctionMode):
+    """What CUDA does differently from the CPU, on CPU fake tensors.
+
+    Autocast: CUDA's fp32-list ops run in fp32 (their 16-bit inputs cast up). Attention: in training (dropout > 0)
+    CPU SDPA falls back to the math path, which keeps the seq_len x seq_len probabilities and dropout mask for
+    backward; CUDA's memory-efficient and flash kernels apply dropout inside the kernel and keep only the output
+    and the log-sum-exp (plus an RNG seed). SDPA is traced without dropout here, which selects CPU's flash kernel:
+    the same saved tensors and FLOPs as CUDA's."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.scaled_dot_product_attention:
+            if len(args) > 4:
+                args = (*args[:4], 0.0, *args[5:])
+            kwargs = {**kwargs, "dropout_p": 0.0} if len(args) <= 4 else kwargs
+        if func in CUDA_FP32_FUNCS and torch.is_autocast_enabled("cpu"):
+            def up(x):
+                return x.float() if isinstance(x, torch.Tensor) and x.dtype in (torch.float16, torch.bfloat16) else x
+            args, kwargs = tree_map(up, (args, kwargs))
+        return func(*args, **kwargs)
+
+
+def _cpu_sdpa_flops(query, key, value, *args, out_shape=None, **kwargs) -> int:
+    return sdpa_flop_count(query, key, value)
+
+
+def _cpu_sdpa_backward_flops(grad_out, query, key, value, *args, out_shape=None, **kwargs) -> int:
+    return sdpa_backward_flop_count(grad_out, query, key, value)
+
+
+def _shapes(f):
+    def wrapped(*args, out_val=None, **kwargs):
+        args, kwargs = tree_map(lambda x: x.shape if isinstance(x, torch.Tensor) else x, (args, kwargs))
+        return f(*args, **kwargs)
+    return wrapped
+
+
+# CPU's fused attention kernels are absent from torch's formula table; they compute what the CUDA ones do.
+EXTRA_FLOPS = {
+    aten._scaled_dot_product_flash_attention_for_cpu: _shapes(_cpu_sdpa_flops),
+    aten._scaled_dot_product_flash_attention_for_cpu_backward: _shapes(_cpu_sdpa_backward_flops),
+}
+
+
+def op_flops(func, args, kwargs, out) -> int:
+    packet = func.overloadpacket
+    formula = flop_registry.get(packet) or EXTRA_FLOPS.get(packet)
+    return int(formula(*args, **kwargs, out_val=out)) if formula else 0
+
+
+@dataclass
+class Phase:
+    """What one part of the step did: peak of the storages it had alive (on top of those alive before it, which
+    the caller adds), their categories at that peak, FLOPs, and per-op (flops, bytes, dtype) for the roofline."""
+
+    peak: int = 0
+    at_peak: dict[str, int] = field(default_factory=dict)
+    flops: int = 0
+    ops: list[tuple[int, int, str]] = field(default_factory=list)
+    # After each op: (bytes alive that do not grow with the batch, bytes that do: storages whose first dimension is
+    # the batch, or batch x sequence as linear layers make them). The peak at another batch size is the max over this timeline with the second part rescaled.
+    timeline: list[tuple[int, int]] = field(default_factory=list)
+
+    def peak_at(self, scale: float) -> float:
+        """The phase's peak with every per-sample storage `scale` times as large (a batch `scale` times as big)."""
+        return max((c + b * scale for c, b in self.timeline), default=float(self.peak))
+
+
+class _Live(TorchDispatchMode):
+    """Every storage created by an op, by category, while alive; the peak of their sum; per-op FLOPs and bytes."""
+
+    def __init__(self, params: set[int], batch_size: int, seq_len: int):
+        super().__init__()
+        self.params = params  # ids of the parameters' storages (resident before the step; not counted here)
+        self.leading = {batch_size, batch_size * seq_len}  # first dimensions of per-sample tensors: [B, ...], [B*L, ...]
+        self.live: dict[int, list] = {}  # id(storage) -> [nbytes, category, per_sample]
+        self.total = 0
+        self.per_sample = 0
+        self.by_cat: Counter = Counter()
+        self.phase = Phase()
+
+    def new_phase(self) -> Phase:
+        self.phase = Phase(peak=self.total, at_peak=dict(self.by_cat))
+        return self.phase
+
+    def _free(self, key: int) -> None:
+        nbytes, cat, per_sample = self.live.pop(key)
+        self.total -= nbytes
+        self.per_sample -= nbytes if per_sample else 0
+        self.by_cat[cat] -= nbytes
+
+    def tag(self, t: torch.Tensor, category: str, only_from: tuple[str, ...] = ("temporary",)) -> None:
+        entry = self.live.get(id(t.untyped_storage()))
+        if entry is not None and entry[1] in only_from:
+            self.by_cat[entry[1]] -= entry[0]
+            entry[1] = category
+            if category == "gradients" and entry[2]:  # a gradient whose first dimension happens to be the batch
+                entry[2] = False
+                self.per_sample -= entry[0]
+            self.by_cat[category] += entry[0]
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        ins = [x for x in tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
+        outs = [x for x in tree_leaves(out) if isinstance(x, torch.Tensor)]
+        view = func.is_view
+        cast_of_weight = func.overloadpacket is aten._to_copy and ins and id(ins[0].untyped_storage()) in self.params
+        new = 0
+        for t in outs:
+            s = t.untyped_storage()
+            key = id(s)
+            if key in self.live or key in self.params:
+                continue
+            nbytes = s.nbytes()
+            cat = "weight_casts" if cast_of_weight else "temporary"
+            per_sample = t.dim() > 0 and t.shape[0] in self.leading and not cast_of_weight
+            self.live[key] = [nbytes, cat, per_sample]
+            weakref.finalize(s, self._free, key)
+            self.total += nbytes
+            self.per_sample += nbytes if per_sample else 0
+            self.by_cat[cat] += nbytes
+            new += nbytes
+        ph = self.phase
+        ph.timeline.append((self.total - self.per_sample, self.per_sample))
+        if self.total > ph.peak:
+            ph.peak = self.total
+            ph.at_peak = {k: v for k, v in self.by_cat.items() if v}
+        if not view:
+            moved = sum(t.numel() * t.element_size() for t in ins) + new  # read once, written once
+            flops = op_flops(func, args, kwargs, out)
+            ph.flops += flops
+            dtype = str(ins[0].dtype if ins else (outs[0].dtype if outs else "")).removeprefix("torch.")
+            ph.ops.append((flops, moved, dtype))
+        return out
+
+
+@dataclass
+class StepTrace:
+    """One traced training step; bytes unless named otherwise."""
+
+    precision: str
+    target: str  # cuda | cpu: whose autocast op lists were applied
+    batch_size: int
+    seq_len: int
+    params: int
+    trainable_params: int
+    weights: int  # parameters and buffers, resident
+    gradients: int
+    optimizer_state: int
+    saved_activations: int  # storages saved for backward at the end of the forward pass, once each
+    saved_weight_casts: int  # low-precision copies of weights saved for backward
+    saved_by_dtype: dict[str, int]
+    forward_backward: Phase
+    optimizer_step: Phase
+    largest_block_params: int  # one transformer layer (what FSDP / ZeRO-3 gather at a time)
+    flop_counter_total: int | None  # FlopCounterMode's own forward + backward total, when asked (a cross-check)
+    seconds: float
+
+    @property
+    def flops(self) -> int:
+        return self.forward_backward.flops + self.optimizer_step.flops
+
+    def peak(self) -> int:
+        """Steady-state peak of one step (optimizer state already there): weights + max(state + forward/backward
+        peak, optimizer step peak, which already holds gradients and state)."""
+        return self.weights + max(self.optimizer_state + self.forward_backward.peak, self.optimizer_step.peak)
+
+
+def fake_mode():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    return FakeTensorMode(allow_non_fake_inputs=True)
+
+
+def fake_batch(family: str, batch_size: int, seq_len: int, vocab: int, num_labels: int | None) -> dict:
+    """A batch of the family's model inputs (made inside the fake mode: shapes only)."""
+    shape = (batch_size, seq_len)
+    batch = dict(input_ids=torch.randint(0, vocab, shape), attention_mask=torch.ones(shape, dtype=torch.long),
+                 token_type_ids=torch.zeros(shape, dtype=torch.long))
+    if family == "question_answering":
+        batch.update(start_positions=torch.zeros(batch_size, dtype=torch.long),
+                     end_positions=torch.zeros(batch_size, dtype=torch.long))
+    elif family == "token_classification":
+        batch["labels"] = torch.zeros(shape, dtype=torch.long)
+    elif family == "regression":
+        batch["labels"] = torch.zeros(batch_size)
+    else:
+        batch["labels"] = torch.zeros(batch_size, dtype=torch.long)
+    return batch
+
+
+def largest_block(model: torch.nn.Module) -> int:
+    """Parameters of one transformer layer (the element of the model's largest list of identical modules)."""
+    lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m)]
+    if not lists:
+        return sum(p.numel() for p in model.parameters())
+    biggest = max(lists, key=lambda m: sum(p.numel() for p in m.parameters()))
+    return max(sum(p.numel() for p in b.parameters()) for b in biggest)
+
+
+def trace_step(model: torch.nn.Module, batch: dict, precision: str, target: str = "cuda",
+               make_optimizer=None, max_grad_norm: float = 1.0, mode=None, optimizer: bool = True,
+               flop_counter: bool = False) -> StepTrace:
+    """Trace forward + backward (+ clipping and the optimizer step) of `model` on `batch`. Model and batch must
+    have been made inside `mode` (the FakeTensorMode), or be real tensors with mode=None (a real step, counted
+    the same way: how the tests check the counting against real memory). flop_counter: also run FlopCounterMode
+    (its total in `flop_counter_total`, a cross-check of the per-op count, at some extra trace time)."""
+    started = time.perf_counter()
+    params = list(model.parameters())
+    for p in params:  # the step starts as the engine's do, after zero_grad(set_to_none=True)
+        p.grad = None
+    resident = {id(t.untyped_storage()) for t in [*params, *model.buffers()]}
+    weights = sum(t.untyped_storage().nbytes() for t in {id(t.untyped_storage()): t for t in
+                                                          [*params, *model.buffers()]}.values())
+    live = _Live(resident, *map(int, batch["input_ids"].shape[:2]))
+    saved: dict[int, tuple[int, str]] = {}
+
+    def pack(t: torch.Tensor):
+        s = t.untyped_storage()
+        key = id(s)
+        if key not in resident and key not in saved:
+            kind = live.live.get(key, [0, "temporary"])[1]
+            saved[key] = (s.nbytes(), "weight_casts" if kind == "weight_casts" else str(t.dtype).removeprefix("torch."))
+            live.tag(t, "activations")
+        return t
+
+    handles = [p.register_post_accumulate_grad_hook(lambda p: live.tag(p.grad, "gradients")) for p in params
+               if p.requires_grad]
+    autocast = (torch.autocast("cpu", dtype=HALF[precision]) if precision in HALF else contextlib.nullcontext())
+    policy = CudaPolicy() if target == "cuda" else contextlib.nullcontext()
+    counter = FlopCounterMode(display=False, custom_mapping=EXTRA_FLOPS) if flop_counter else contextlib.nullcontext()
+    outer = mode if mode is not None else contextlib.nullcontext()
+    try:
+        with outer:
+            opt = make_optimizer(model) if (optimizer and make_optimizer) else None
+            model.train()
+            with counter, live:
+                with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast, policy:
+                    loss = model(**batch).loss
+                saved_now = dict(saved)
+                loss.backward()
+                del loss
+                fwd_bwd = live.phase
+                grads = sum(p.grad.untyped_storage().nbytes() for p in params if p.grad is not None)
+                state = 0
+                step_phase = live.new_phase()
+                if opt is not None:
+                    if max_grad_norm > 0:
+                        torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+                    opt.step()
+                    states = [t for st in opt.state.values() for t in st.values() if isinstance(t, torch.Tensor)]
+                    state = sum(t.untyped_storage().nbytes() for t in {id(t.untyped_storage()): t
+                                                                        for t in states}.values())
+                    opt.zero_grad(set_to_none=True)
+    finally:
+        for h in handles:
+            h.remove()
+        for p in params:
+            p.grad = None
+    by_dtype: Counter = Counter()
+    for nbytes, kind in saved_now.values():
+        by_dtype[kind] += nbytes
+    casts = by_dtype.pop("weight_casts", 0)
+    return StepTrace(
+        precision=precision, target=target, batch_size=int(batch["input_ids"].shape[0]),
+        seq_len=int(batch["input_ids"].shape[1]), params=sum(p.numel() for p in params),
+        trainable_params=sum(p.numel() for p in params if p.requires_grad), weights=weights, gradients=grads,
+        optimizer_state=state, saved_activations=sum(by_dtype.values()), saved_weight_casts=casts,
+        saved_by_dtype=dict(by_dtype), forward_backward=fwd_bwd, optimizer_step=step_phase,
+        largest_block_params=largest_block(model),
+        flop_counter_total=int(counter.get_total_flops()) if flop_counter else None,
+        seconds=time.perf_counter() - started,
+    )

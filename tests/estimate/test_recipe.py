@@ -1,0 +1,61 @@
+"""`make estimate` end to end: the recipe composes any finetune overrides, writes estimate.json/.md, refuses bad keys."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from ampft.config import schema_keys
+from ampft.estimate.config import EstimateConfigError, check
+from ampft.estimate.run import compose
+from tests.conftest import ROOT
+
+
+def _run(tmp_path, *overrides):
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    return subprocess.run([sys.executable, str(ROOT / "recipes" / "estimate.py"), f"hydra.run.dir={tmp_path}",
+                           *overrides], capture_output=True, text=True, env=env, cwd=ROOT)
+
+
+def test_estimate_writes_every_precision_side_by_side(tmp_path):
+    r = _run(tmp_path, "model=tiny-bert", "precision=bf16", "trainer.batch_size=8", "task.max_length=64",
+             "estimate.gpu=l4", "distributed=fsdp", "distributed.num_processes=4")
+    assert r.returncode == 0, r.stderr[-3000:]
+    result = json.loads((tmp_path / "estimate.json").read_text())
+    assert result["precisions"] == ["fp32", "tf32", "fp16", "bf16"] and result["precision"] == "bf16"
+    assert result["strategy"] == "fsdp2" and result["ranks"] == 4
+    row = result["rows"]["bf16"]
+    assert set(row["memory"]) == {"single", "ddp", "zero1", "zero2", "zero3", "fsdp2"}
+    assert row["memory"]["single"]["fits"] and row["memory"]["single"]["largest_batch"] > 8
+    assert row["time"]["seconds"] > 0 and result["verdicts"]
+    md = (tmp_path / "estimate.md").read_text()
+    assert "**Predictions**" in md and "FSDP2 (recipe)" in md and "NVIDIA L4" in md
+    assert "PREDICTED" in r.stdout and "bf16 (asked)" in r.stdout
+
+
+def test_a_precision_the_gpu_lacks_gets_memory_but_no_time(tmp_path):
+    r = _run(tmp_path, "model=tiny-bert", "trainer.batch_size=4", "task.max_length=32", "estimate.gpu=v100-32gb",
+             "estimate.precisions=[fp32,bf16]")
+    assert r.returncode == 0, r.stderr[-3000:]
+    result = json.loads((tmp_path / "estimate.json").read_text())
+    assert result["rows"]["bf16"]["time"] is None and result["rows"]["bf16"]["memory"]["single"]["peak"] > 0
+    assert "not supported" in (tmp_path / "estimate.md").read_text()
+
+
+def test_bad_values_are_refused_with_the_key_and_the_choices(tmp_path):
+    r = _run(tmp_path, "model=tiny-bert", "estimate.gpu=a100")
+    assert r.returncode == 2 and "estimate.gpu=a100" in r.stderr and "a100-80gb" in r.stderr
+    r = _run(tmp_path, "model=tiny-bert", "estimate.gpus=a100-80gb")
+    assert r.returncode != 0 and "gpus" in r.stderr
+    with pytest.raises(EstimateConfigError) as err:
+        check(compose(["estimate.ranks=0", "estimate.efficiency=2", "estimate.allocator_overhead=-1"]).estimate)
+    assert len(err.value.problems) == 3
+
+
+def test_the_finetune_schema_is_unchanged():
+    """The estimate keys live in their own schema: config.py's range-check coverage test is not affected."""
+    assert not any(k.startswith("estimate") for k in schema_keys())

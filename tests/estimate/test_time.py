@@ -1,0 +1,83 @@
+"""The time model: the GPU table agrees with the benchmark's, the roofline picks the right peak, the calibration."""
+
+from __future__ import annotations
+
+import pytest
+
+from ampft.benchmark.flops import lookup_peak
+from ampft.estimate import gpus
+from ampft.estimate import time as timing
+from ampft.estimate.run import compose, trace_all
+
+# What torch.cuda.get_device_name() reports for each, as the benchmark's table matches it.
+CUDA_NAMES = {"h200": "NVIDIA H200", "h100-sxm": "NVIDIA H100 80GB HBM3", "a100-80gb": "NVIDIA A100-SXM4-80GB",
+              "a100-40gb": "NVIDIA A100-SXM4-40GB", "v100-32gb": "Tesla V100-SXM2-32GB", "l4": "NVIDIA L4"}
+
+
+@pytest.mark.parametrize("name", CUDA_NAMES)
+def test_peaks_agree_with_the_benchmark_table(name):
+    label, peaks = lookup_peak(CUDA_NAMES[name])
+    assert label is not None
+    assert gpus.DEVICES[name].tflops == peaks
+
+
+def test_every_device_has_memory_bandwidth_and_a_source():
+    for d in gpus.DEVICES.values():
+        assert d.memory_gib > 10 and d.bandwidth_gbs > 100 and d.tflops["fp32"] and d.source
+    assert gpus.CHOICES[-1] == "cpu"
+
+
+def test_a_matmul_runs_at_the_peak_of_its_dtype_and_precision():
+    a100 = gpus.DEVICES["a100-80gb"]
+    flops, moved = int(1e12), 1000
+    assert timing.op_seconds(flops, moved, "float32", "fp32", a100) == pytest.approx(1 / 19.5)
+    assert timing.op_seconds(flops, moved, "float32", "tf32", a100) == pytest.approx(1 / 156)
+    assert timing.op_seconds(flops, moved, "bfloat16", "bf16", a100) == pytest.approx(1 / 312)
+    # No FLOPs: bound by memory bandwidth.
+    assert timing.op_seconds(0, int(2039e9), "float32", "fp32", a100) == pytest.approx(1.0)
+
+
+@pytest.fixture(scope="module")
+def base_traces():
+    cfg = compose(["model=tiny-bert", "trainer.batch_size=16", "task.max_length=128"])
+    return trace_all(cfg, ["fp32", "tf32", "bf16"], "cuda")[0]
+
+
+def test_tensor_cores_make_steps_faster_and_v100_has_no_bf16(base_traces):
+    a100 = gpus.DEVICES["a100-80gb"]
+    t = {p: timing.predict(base_traces[p], p, a100)["seconds"] for p in ("fp32", "tf32", "bf16")}
+    assert t["bf16"] < t["tf32"] < t["fp32"]
+    assert not timing.supported("bf16", gpus.DEVICES["v100-32gb"])
+    assert timing.supported("fp16", gpus.DEVICES["t4"]) and timing.supported("tf32", gpus.DEVICES["t4"])
+    r = timing.predict(base_traces["bf16"], "bf16", a100)
+    assert r["efficiency"] == timing.EFFICIENCY and 0 < r["mfu"] < 1
+    assert r["samples_per_second"] == pytest.approx(16 / r["seconds"])
+
+
+def test_flops_match_flop_counter_mode_and_the_textbook_count(base_traces):
+    """The per-op FLOPs (torch's formulas) equal FlopCounterMode's total, and 6N + 12 L s h per token (the
+    benchmark's formula, ampft.benchmark.flops) to within the embedding-gradient and pooler terms."""
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    from ampft.benchmark.flops import training_flops_per_token
+    from ampft.estimate.trace import fake_batch, fake_mode, trace_step
+
+    mode = fake_mode()
+    config = AutoConfig.for_model("bert", hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                  intermediate_size=512, vocab_size=1000, num_labels=2)
+    with mode:
+        model = AutoModelForSequenceClassification.from_config(config, attn_implementation="sdpa")
+        batch = fake_batch("classification", 4, 256, 1000, 2)
+    tr = trace_step(model, batch, "fp32", "cuda", mode=mode, optimizer=False, flop_counter=True)
+    assert tr.forward_backward.flops == tr.flop_counter_total
+    nonembedding = sum(p.numel() for n, p in model.named_parameters() if "embeddings" not in n)
+    textbook = training_flops_per_token(nonembedding, 2, 256, 128) * 4 * 256
+    assert tr.forward_backward.flops == pytest.approx(textbook, rel=0.05)
+
+
+@pytest.mark.slow
+def test_calibration_constant_is_current():
+    """EFFICIENCY is what calibrate() computes from NVIDIA's two A100 points with this tree (BERT-large traced)."""
+    c = timing.calibrate()
+    assert c["efficiency"] == pytest.approx(timing.EFFICIENCY, rel=0.02)
+    assert c["model_speedup"] == pytest.approx(timing.CALIBRATION["model_speedup"], rel=0.02)
