@@ -7,7 +7,7 @@ import pytest
 from ampft.benchmark.flops import lookup_peak
 from ampft.estimate import gpus
 from ampft.estimate import time as timing
-from ampft.estimate.run import compose, trace_all
+from ampft.estimate.run import calibration, compose, trace_all
 
 # What torch.cuda.get_device_name() reports for each, as the benchmark's table matches it.
 CUDA_NAMES = {"h200": "NVIDIA H200", "h100-sxm": "NVIDIA H100 80GB HBM3", "a100-80gb": "NVIDIA A100-SXM4-80GB",
@@ -78,6 +78,6 @@ def test_flops_match_flop_counter_mode_and_the_textbook_count(base_traces):
 @pytest.mark.slow
 def test_calibration_constant_is_current():
     """EFFICIENCY is what calibrate() computes from NVIDIA's two A100 points with this tree (BERT-large traced)."""
-    c = timing.calibrate()
+    c = calibration()
     assert c["efficiency"] == pytest.approx(timing.EFFICIENCY, rel=0.02)
     assert c["model_speedup"] == pytest.approx(timing.CALIBRATION["model_speedup"], rel=0.02)

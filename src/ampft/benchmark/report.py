@@ -293,7 +293,7 @@ def render(results: dict, plots: list[str] | None = None) -> str:
                      _mib(a["peak_memory_bytes"]) if cuda else "—"] for a in speed if a["arm"] in predicted]
             out += [f"Predicted by `make estimate` for {next(iter(predicted.values()))['device']} (a trace of the "
                     "same step on fake tensors; docs/benchmarks/estimate.md):", ""]
-            out += _table(["arm", "predicted step ms", "measured step ms", "predicted peak", "measured peak"], rows) + [""]
+            out += table(["arm", "predicted step ms", "measured step ms", "predicted peak", "measured peak"], rows) + [""]
         if not cuda:
             out += ["CPU memory is the peak RSS of the whole process during the arm's steps (its peak is reset per "
                     "arm): it includes the interpreter, torch, the tokenizer and the data, the same for every arm.", ""]

@@ -20,6 +20,7 @@ from omegaconf import DictConfig
 from ampft import files
 from ampft.data.demo import demo_splits
 from ampft.errors import DataError
+from ampft.models import hub_reachable
 
 log = logging.getLogger(__name__)
 
@@ -169,7 +170,6 @@ def _load_files(task: DictConfig, read_file: Callable[[str, str], Dataset]) -> D
 
 
 def _load_hub(task: DictConfig) -> DatasetDict:
-    from ampft.models import hub_reachable
 
     try:
         raw = load_dataset(task.dataset, task.subset)

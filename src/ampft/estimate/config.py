@@ -13,6 +13,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig
 
 from ampft.config import ConfigError, Precision
+from ampft.estimate.gpus import CHOICES
 
 
 @dataclass
@@ -43,7 +44,6 @@ class EstimateConfigError(ConfigError):
 
 
 def check(e: DictConfig) -> None:
-    from ampft.estimate.gpus import CHOICES
 
     problems = []
     if e.gpu not in CHOICES:

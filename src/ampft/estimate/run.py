@@ -18,11 +18,16 @@ from ampft.benchmark.results import (
     TENSOR_CORE_SPEEDUP,
     TIME_CLAIM,
 )
-from ampft.config import Backend, Precision, TaskFamily
+from ampft.config import Backend, Precision
 from ampft.estimate import gpus, memory
 from ampft.estimate import time as timing
 from ampft.estimate.config import check
 from ampft.estimate.trace import fake_batch, fake_mode, trace_step
+from ampft.finetune import build_optimizer
+from ampft.models import build_model, load_tokenizer
+from ampft.precision import deepspeed_mode
+from ampft.tasks import family_for
+from ampft.validation import validate
 
 log = logging.getLogger(__name__)
 
@@ -44,19 +49,17 @@ def compose(overrides: list[str], conf_dir: Path = CONF_DIR) -> DictConfig:
 
 
 def _labels(task: DictConfig) -> tuple[list[str] | None, str]:
-    family = TaskFamily(task.family)
-    if family == TaskFamily.regression or family == TaskFamily.question_answering:
+    if task.family in ("regression", "question_answering"):
         return None, ""
     if task.labels is not None:
         return [str(x) for x in task.labels], ""
-    n = 9 if family == TaskFamily.token_classification else 2
+    n = 9 if task.family == "token_classification" else 2
     return [str(i) for i in range(n)], (f"task.labels is unset (the labels come from the data): estimated with {n} "
                                         "labels; the head is a negligible part of the model")
 
 
 def deepspeed_half(cfg: DictConfig, precision: str) -> bool:
     """Whether DeepSpeed would run this precision in its own 16-bit mode (`distributed.deepspeed_precision`)."""
-    from ampft.precision import deepspeed_mode
 
     p = OmegaConf.create({"name": precision})
     return deepspeed_mode(p, cfg.distributed.deepspeed_precision) == "half"
@@ -66,8 +69,6 @@ def trace_all(cfg: DictConfig, precisions: list[str], target: str, slope: bool =
     """{precision: StepTrace} at the configured batch, {precision: StepTrace} at a quarter of it (forward/backward
     only, with slope=True: the tests' check of `Phase.peak_at`), and notes. fp32 and tf32 trace alike (the same
     dtypes), so tf32 reuses fp32's."""
-    from ampft.finetune import build_optimizer
-    from ampft.models import build_model, load_tokenizer
 
     notes = []
     m = OmegaConf.merge(cfg.model, {"pretrained": False})  # the architecture is all an estimate needs
@@ -75,15 +76,15 @@ def trace_all(cfg: DictConfig, precisions: list[str], target: str, slope: bool =
     labels, note = _labels(cfg.task)
     if note:
         notes.append(note)
-    family = TaskFamily(cfg.task.family).value
+    family = family_for(cfg.task.family)
     bs, seq = int(cfg.trainer.batch_size), int(cfg.task.max_length)
     small_bs = max(1, bs // 4) if bs > 1 else 2
     mode = fake_mode()
     with mode:
         model = build_model(m, tokenizer, labels, family, Precision.fp32, torch.device("cpu"))
         vocab = model.config.vocab_size
-        batch = fake_batch(family, bs, seq, vocab, None if labels is None else len(labels))
-        small = fake_batch(family, small_bs, seq, vocab, None if labels is None else len(labels))
+        batch = fake_batch(family.name, bs, seq, vocab, None if labels is None else len(labels))
+        small = fake_batch(family.name, small_bs, seq, vocab, None if labels is None else len(labels))
     if model.config._attn_implementation != "sdpa":
         notes.append(f"attention traced as {model.config._attn_implementation}")
     elif target == "cuda" and cfg.model.attn_implementation == "auto":
@@ -177,7 +178,6 @@ def verdicts(rows: dict, dev: gpus.Device, cfg: DictConfig) -> list[dict]:
 
 def estimate(cfg: DictConfig, command: str = "") -> dict:
     """Everything `make estimate` reports, as plain data (estimate.json)."""
-    from ampft.config import validate
 
     started = time.perf_counter()
     e = cfg.estimate
@@ -221,7 +221,7 @@ def estimate(cfg: DictConfig, command: str = "") -> dict:
     chosen = {Backend.single: "single", Backend.ddp: "ddp", Backend.fsdp: "fsdp2"}.get(
         Backend(d.backend), f"zero{d.zero_stage}" if d.zero_stage else "ddp")
     return dict(
-        command=command, model=cfg.model.name, task=cfg.task.name, family=TaskFamily(cfg.task.family).value,
+        command=command, model=cfg.model.name, task=cfg.task.name, family=cfg.task.family,
         batch_size=int(cfg.trainer.batch_size), seq_len=int(cfg.task.max_length), grad_accum=int(cfg.trainer.grad_accum),
         precision=Precision(cfg.precision.name).value, precisions=precisions, strategy=chosen, ranks=ranks,
         device=dataclasses.asdict(dev), usable_bytes=usable, overheads=dataclasses.asdict(over),
@@ -254,3 +254,17 @@ def predict_arms(cfgs: dict[str, DictConfig], env: dict) -> dict[str, dict]:
         out[arm] = dict(device=dev.label, step_seconds=t and t["seconds"],
                         peak_bytes=tr.peak() if dev.kind == "cuda" else None)
     return out
+
+
+def calibration() -> dict:
+    """`time.calibrate` on BERT-large with a SQuAD head at NVIDIA's batch and length, traced for the A100."""
+    nv = NVIDIA_ANCHOR
+    cfg = compose(["model=bert-large", "task=squad", f"trainer.batch_size={nv['batch_size']}",
+                   f"task.max_length={nv['seq_len']}"])
+    return timing.calibrate(trace_all(cfg, ["tf32", "fp16"], "cuda", slope=False)[0])
+
+
+if __name__ == "__main__":  # python -m ampft.estimate.run: the efficiency factor, recomputed
+    import json
+
+    print(json.dumps(calibration(), indent=1))

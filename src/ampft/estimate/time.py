@@ -11,7 +11,7 @@ bandwidth), by a factor taken from a published measurement:
     61.5 sequences/s in TF32, 110.5 in mixed precision (fp16).
 
 `EFFICIENCY` is the geometric mean over those two points of (roofline time / published time) for that model, shape
-and GPU, traced by `calibrate()` (`python -m ampft.estimate.time` prints it again). It is applied unchanged to every
+and GPU, traced by `calibrate()` (`python -m ampft.estimate.run` prints it again). It is applied unchanged to every
 device, precision, model and shape: an assumption, and the reason these are predictions. How far the model
 reproduces the ratio of the two points themselves is printed with it (`CALIBRATION`).
 """
@@ -21,10 +21,10 @@ from __future__ import annotations
 import math
 
 from ampft.benchmark.results import NVIDIA_ANCHOR
-from ampft.estimate.gpus import Device
+from ampft.estimate.gpus import DEVICES, Device
 from ampft.estimate.trace import StepTrace
 
-# From calibrate() with this tree (torch 2.13): see the module docstring. Recomputed by `python -m ampft.estimate.time`
+# From calibrate() with this tree (torch 2.13): see the module docstring. Recomputed by `python -m ampft.estimate.run`
 # and checked by tests/estimate/test_time.py::test_calibration_constant_is_current (slow).
 EFFICIENCY = 0.808
 CALIBRATION = dict(efficiency=EFFICIENCY, per_point=dict(tf32=0.754, fp16=0.867), published_speedup=1.797,
@@ -77,18 +77,11 @@ def predict(tr: StepTrace, precision: str, dev: Device, efficiency: float | None
                 optimizer_seconds=roof["optimizer_step"] / eff)
 
 
-def calibrate(traces: dict[str, StepTrace] | None = None) -> dict:
+def calibrate(traces: dict[str, StepTrace]) -> dict:
     """Efficiency = geometric mean over NVIDIA's TF32 and FP16 points of roofline time / published time, for
-    BERT-large with a SQuAD head at 32 x 384 on the A100-80GB (traced here unless `traces` has tf32 and fp16)."""
-    from ampft.estimate.gpus import DEVICES
-
+    BERT-large with a SQuAD head at 32 x 384 on the A100-80GB (`traces`: its tf32 and fp16 steps, traced by
+    `ampft.estimate.run.calibration`)."""
     nv = NVIDIA_ANCHOR
-    if traces is None:
-        from ampft.estimate.run import compose, trace_all
-
-        cfg = compose(["model=bert-large", "task=squad", f"trainer.batch_size={nv['batch_size']}",
-                       f"task.max_length={nv['seq_len']}"])
-        traces = trace_all(cfg, ["tf32", "fp16"], "cuda", slope=False)[0]
     dev = DEVICES["a100-80gb"]
     ratios = {}
     for p in ("tf32", "fp16"):
@@ -101,9 +94,3 @@ def calibrate(traces: dict[str, StepTrace] | None = None) -> dict:
                 model_speedup=model_speedup,
                 source="NVIDIA DeepLearningExamples BERT (PyTorch) SQuAD fine-tuning, 1x A100-80GB, batch 32, seq 384: "
                        "TF32 61.5, FP16 110.5 sequences/s")
-
-
-if __name__ == "__main__":
-    import json
-
-    print(json.dumps(calibrate(), indent=1))

@@ -30,6 +30,13 @@ import sys
 import time
 from pathlib import Path
 
+from ampft.estimate import gpus
+from ampft.estimate import time as timing
+from ampft.estimate.run import _labels, compose, trace_all
+from ampft.finetune import build_optimizer
+from ampft.models import build_model, load_tokenizer
+from ampft.tasks import family_for
+
 SETTINGS = [("tiny-bert", 8, 64), ("tiny-bert", 32, 128), ("minilm-l6", 8, 64), ("minilm-l6", 16, 128),
             ("bert-base", 4, 64), ("bert-base", 8, 128)]
 QUICK = [("tiny-bert", 8, 64)]
@@ -50,9 +57,6 @@ def measure_here(model: str, batch: int, length: int, precisions: list[str], tim
     """In this (fresh) process: each precision's step peak above the resident baseline, and step times."""
     import torch
 
-    from ampft.estimate.run import _labels, compose
-    from ampft.finetune import build_optimizer
-    from ampft.models import build_model, load_tokenizer
 
     cfg = compose(_overrides(model, batch, length))
     m = cfg.model.copy()
@@ -60,7 +64,7 @@ def measure_here(model: str, batch: int, length: int, precisions: list[str], tim
     tok = load_tokenizer(m)
     labels, _ = _labels(cfg.task)
     torch.manual_seed(0)
-    net = build_model(m, tok, labels, cfg.task.family, "fp32", torch.device("cpu"))
+    net = build_model(m, tok, labels, family_for(cfg.task.family), "fp32", torch.device("cpu"))
     opt = build_optimizer(net, cfg.optim, torch.device("cpu"))
     shape = (batch, length)
     data = dict(input_ids=torch.randint(1000, net.config.vocab_size, shape), attention_mask=torch.ones(shape, dtype=torch.long),
@@ -107,9 +111,6 @@ def measure(model: str, batch: int, length: int, precisions: list[str], timed: i
 
 def predict(model: str, batch: int, length: int, precisions: list[str], cpu=None) -> dict:
     """The trace's step peak above weights and state, and the predicted step time, per precision, on this CPU."""
-    from ampft.estimate import gpus
-    from ampft.estimate import time as timing
-    from ampft.estimate.run import compose, trace_all
 
     cfg = compose(_overrides(model, batch, length))
     traces = trace_all(cfg, precisions, "cpu")[0]
@@ -119,7 +120,6 @@ def predict(model: str, batch: int, length: int, precisions: list[str], cpu=None
 
 
 def validate(settings, timed: int = 3) -> list[dict]:
-    from ampft.estimate import gpus
 
     cpu = gpus.measure_cpu()
     rows = []
@@ -158,7 +158,6 @@ def markdown(rows: list[dict]) -> str:
 
 
 def repredict(rows: list[dict]) -> list[dict]:
-    from ampft.estimate import gpus
 
     cpu = gpus.measure_cpu()
     for r in rows:

@@ -20,10 +20,15 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from ampft.benchmark.peer.config import Runner
+from ampft.config import FinetuneConfig, Padding, Precision
+from ampft.finetune import run
+from ampft.models import build_model, load_tokenizer
+from ampft.tasks import family_for
+from ampft.tasks.classification import texts
+from ampft.tracking import peak_memory_bytes
 
 
 def run_ampft(cfg: DictConfig, out_dir: Path) -> dict:
-    from ampft.finetune import run
 
     s = run(cfg, out_dir / "run")
     return dict(
@@ -41,11 +46,6 @@ def run_trainer(cfg: DictConfig, out_dir: Path) -> dict:
     import transformers
     from transformers import DataCollatorWithPadding, Trainer, TrainingArguments, default_data_collator
 
-    from ampft.config import Padding, Precision
-    from ampft.models import build_model, load_tokenizer
-    from ampft.tasks import family_for
-    from ampft.tasks.classification import texts
-    from ampft.tracking import peak_memory_bytes
 
     started = time.perf_counter()
     tr, task, o, sch = cfg.trainer, cfg.task, cfg.optim, cfg.scheduler
@@ -105,7 +105,6 @@ def run_trainer(cfg: DictConfig, out_dir: Path) -> dict:
 
 def main(spec_path: str, out_path: str) -> None:
     """The child's side of the protocol: run the arm the spec describes, write its measurements to out_path."""
-    from ampft.config import FinetuneConfig
 
     spec = json.loads(Path(spec_path).read_text())
     cfg = OmegaConf.merge(OmegaConf.structured(FinetuneConfig), OmegaConf.create(spec["cfg"]))

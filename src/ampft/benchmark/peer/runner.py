@@ -20,6 +20,10 @@ from ampft.benchmark.flops import training_flops
 from ampft.benchmark.peer.config import PeerConfig, Runner, check
 from ampft.benchmark.peer.report import write_report
 from ampft.benchmark.peer.results import summarize
+from ampft.config import to_plain
+from ampft.models import build_model, load_tokenizer
+from ampft.tasks import family_for
+from ampft.tasks.classification import texts
 
 log = logging.getLogger(__name__)
 
@@ -68,9 +72,6 @@ def rerender(out_dir: str | Path) -> Path:
 
 def epoch_flops(cfg: DictConfig) -> tuple[int, float]:
     """(training examples, training FLOPs of one epoch over their non-padding tokens) for an arm's config."""
-    from ampft.models import build_model, load_tokenizer
-    from ampft.tasks import family_for
-    from ampft.tasks.classification import texts
 
     tokenizer = load_tokenizer(cfg.model)
     family = family_for(cfg.task.family)
@@ -85,7 +86,6 @@ def epoch_flops(cfg: DictConfig) -> tuple[int, float]:
 
 def _run_arm(arm: DictConfig, cfg: DictConfig, arm_dir: Path) -> dict:
     """The parent's side of the protocol: spec.json in, result.json out (`arms.main`), timed from outside."""
-    from ampft.config import to_plain
 
     arm_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="ampft-peer-cache-") as cache:
