@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from ampft.config import schema_keys
 from ampft.estimate.config import EstimateConfigError, check
 from ampft.estimate.run import compose
+from ampft.validation import schema_keys
 from tests.conftest import ROOT
 
 

@@ -187,7 +187,8 @@ def run_benchmark(b: DictConfig, out_dir: Path, conf_dir: Path = CONF_DIR, comma
                 log.warning("no MFU: %s", source)
         results.add_speed_ratios(arms, b.baseline)
         res["speed"] = dict(raw=raw, arms=arms)
-        from ampft.estimate.run import predict_arms  # the prediction next to each measured arm
+        # (imported here: ampft.estimate builds on ampft.benchmark.results, whose package imports this module)
+        from ampft.estimate.run import predict_arms
 
         res["speed"]["predicted"] = predict_arms({r["arm"]: cfgs[(Mode.speed.value, r["arm"], None)] for r in raw}, env)
 
