@@ -24,7 +24,7 @@ from ampft.engine import Preempted, TrainingDiverged, TrainState
 from ampft.finetune import run
 from ampft.tracking import Tracker
 from ampft.validation import validate
-from tests.conftest import ROOT, TINY, compose_config
+from tests.helpers import ROOT, TINY, compose_config
 
 SMALL = [*TINY, "trainer.log_every=1", "checkpoint.every=2"]
 

@@ -23,7 +23,7 @@ from ampft.data.load import DataError
 from ampft.tasks import family_for
 from ampft.tasks.classification.data import load_raw
 from ampft.validation import CHECKED_ELSEWHERE, RANGES, schema_keys, validate
-from tests.conftest import ROOT, TINY, compose_config, shared
+from tests.helpers import ROOT, TINY, compose_config, shared
 
 
 @pytest.fixture(autouse=True)

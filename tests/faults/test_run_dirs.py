@@ -16,7 +16,7 @@ from ampft import launch
 from ampft.checkpointing import checkpoints, manifest
 from ampft.config import ConfigError, run_stamp
 from ampft.finetune import run
-from tests.conftest import ROOT, TINY, compose_config
+from tests.helpers import ROOT, TINY, compose_config
 
 
 def _tiny(*overrides):

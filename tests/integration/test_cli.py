@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 
-from tests.conftest import ROOT, TINY
+from tests.helpers import ROOT, TINY
 
 QUICK = [*TINY, "trainer.max_steps=6", "task.max_eval_samples=33"]
 

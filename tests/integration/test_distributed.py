@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from ampft.distributed import deepspeed_config
-from tests.conftest import CONF, ROOT, TINY
+from tests.helpers import CONF, ROOT, TINY
 
 NO_DROPOUT = ["+model.arch.hidden_dropout_prob=0.0", "+model.arch.attention_probs_dropout_prob=0.0"]
 DEEPSPEED = sorted(p.stem for p in (CONF / "distributed").glob("deepspeed-*.yaml"))

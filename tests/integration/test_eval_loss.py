@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 
 from ampft.evaluation.saved import evaluate_saved
 from ampft.finetune import reset_accelerate, run
-from tests.conftest import ROOT, TINY, compose_config, shared
+from tests.helpers import ROOT, TINY, compose_config, shared
 
 
 def _family_overrides(family: str) -> list[str]:

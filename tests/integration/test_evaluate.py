@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 
 from ampft.evaluation.saved import EvaluationError, evaluate_saved
 from ampft.finetune import reset_accelerate, run
-from tests.conftest import ROOT, shared
+from tests.helpers import ROOT, shared
 
 EVAL_DEFAULTS = dict(run=None, checkpoint=None, split="validation", file=None, precision=None, batch_size=None,
                      name=None)

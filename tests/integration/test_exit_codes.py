@@ -18,7 +18,7 @@ import sys
 import pytest
 
 from ampft import errors
-from tests.conftest import ROOT, TINY
+from tests.helpers import ROOT, TINY
 
 # Every error class, the module it has always been imported from, and its exit code.
 TABLE = [

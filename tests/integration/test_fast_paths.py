@@ -16,7 +16,7 @@ from ampft import tasks
 from ampft.data import eval_dataloader, prepare_data
 from ampft.finetune import reset_accelerate, run
 from ampft.models import build_model, load_tokenizer
-from tests.conftest import shared
+from tests.helpers import shared
 
 
 def _evaluations(compose, overrides: list[str]) -> list[tuple[dict, list[int]]]:

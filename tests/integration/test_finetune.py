@@ -113,7 +113,7 @@ def test_checkpoints_rotate_and_resume_continues(tiny, tmp_path):
 
 
 def test_csv_task_on_real_sst2(tiny, tmp_path):
-    from tests.conftest import shared
+    from tests.helpers import shared
 
     train, dev = shared("sst2", "train_first1000.tsv"), shared("sst2", "dev.tsv")
     cfg = tiny("task=csv", f"task.train_file={train}", f"task.validation_file={dev}", "trainer.max_steps=20",

@@ -10,7 +10,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from ampft.reproduce import _budget, report
-from tests.conftest import CONF, ROOT, TINY, compose_config, shared
+from tests.helpers import CONF, ROOT, TINY, compose_config, shared
 
 EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
 

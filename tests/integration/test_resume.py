@@ -15,7 +15,7 @@ import torch
 
 from ampft.checkpointing import CheckpointError, checkpoints, manifest, rotate
 from ampft.finetune import run
-from tests.conftest import ROOT, TINY
+from tests.helpers import ROOT, TINY
 
 # Per-step losses, enough steps to interrupt a real process in the middle of its run.
 EXACT = [*TINY, "trainer.log_every=1", "trainer.max_steps=150", "task.max_train_samples=400",

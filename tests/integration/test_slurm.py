@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, TINY
+from tests.helpers import ROOT, TINY
 
 STANDIN = Path(__file__).parent / "slurm_standin"
 ARGS = [*TINY, "trainer.log_every=2", "trainer.max_steps=60", "task.max_train_samples=400",

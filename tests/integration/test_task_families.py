@@ -26,7 +26,7 @@ from ampft.models import build_model, load_tokenizer, resolve_path
 from ampft.tasks.question_answering.squad import read_squad
 from ampft.tasks.question_answering.squad_metric import Squad
 from ampft.validation import validate
-from tests.conftest import CONF, shared
+from tests.helpers import CONF, shared
 
 CONLL_TAGS = ["O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC"]
 

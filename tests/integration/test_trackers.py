@@ -8,7 +8,7 @@ import yaml
 
 from ampft.config import flat, to_plain
 from ampft.finetune import run
-from tests.conftest import TINY
+from tests.helpers import TINY
 
 
 def test_tensorboard_run_records_the_flattened_config(tiny, tmp_path):

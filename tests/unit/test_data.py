@@ -19,7 +19,7 @@ from ampft.data.demo import demo_splits
 from ampft.data.load import DataError, file_format
 from ampft.tasks.classification import CLASSIFICATION
 from ampft.tasks.classification.data import encode_labels, label_names, load_raw
-from tests.conftest import compose_config, shared
+from tests.helpers import compose_config, shared
 
 ROWS = pd.DataFrame({
     # a comma (quoted in CSV), an apostrophe, non-ASCII text; no tab, no double quote (GLUE-style TSV)

@@ -19,7 +19,7 @@ from ampft.finetune import run
 from ampft.tasks import family_for
 from ampft.tasks.classification.data import positive_label
 from ampft.validation import validate
-from tests.conftest import CONF, ROOT, TINY, compose_config, shared
+from tests.helpers import CONF, ROOT, TINY, compose_config, shared
 
 GLUE = ["cola", "sst2", "mrpc", "qqp", "stsb", "mnli", "qnli", "rte", "wnli"]
 QUOTED = 'he said " the witness " , \'twice\' and "again'  # GLUE text keeps unbalanced quotes as text

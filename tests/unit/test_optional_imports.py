@@ -20,7 +20,7 @@ import pytest
 from ampft.config import ConfigError
 from ampft.extras import MissingExtraError, require
 from ampft.tasks.classification import metrics
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 
 # What the extras install: absent from the environment the subprocess below sees.
 OPTIONAL = re.compile(r"^(scipy|sklearn|scikit_learn|matplotlib|mpl_toolkits|pylab|tensorboard|tensorboard_data_server)"
@@ -62,7 +62,7 @@ from ampft.tracking import log_with
 out["log_with"] = log_with("tensorboard")
 
 from ampft.finetune import run
-from tests.conftest import TINY, compose_config
+from tests.helpers import TINY, compose_config
 # Fine-tuning with a metric that needs no extra; the default demo metrics (accuracy, f1) stop before training.
 summary = run(compose_config("finetune", [*TINY, "task.metrics=[accuracy]", "trainer.max_steps=4",
                                           "checkpoint.export=false"]), Path(WORK, "run"))
