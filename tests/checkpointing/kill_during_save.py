@@ -1,6 +1,6 @@
-"""Run recipes/finetune.py and SIGKILL it at a chosen point inside a checkpoint save (tests/faults).
+"""Run recipes/finetune.py and SIGKILL it at a chosen point inside a checkpoint save (tests/checkpointing).
 
-    python tests/faults/kill_during_save.py POINT:TARGET [overrides ...]
+    python tests/checkpointing/kill_during_save.py POINT:TARGET [overrides ...]
 
 file:step_4.tmp/optimizer.bin    inside accelerator.save_state, right after that file was written
 renaming:step_6.tmp              complete and fsynced with its manifest, not yet renamed to step_6

@@ -115,7 +115,7 @@ EXACT = [*TINY, "trainer.log_every=1", "trainer.max_steps=12", "task.max_train_s
 
 
 def _recipe(run_dir: Path, *args: str, killer: str | None = None) -> subprocess.Popen:
-    head = [sys.executable, "tests/faults/kill_during_save.py", killer] if killer else [sys.executable,
+    head = [sys.executable, "tests/checkpointing/kill_during_save.py", killer] if killer else [sys.executable,
                                                                                        "recipes/finetune.py"]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
     return subprocess.Popen([*head, *args, f"hydra.run.dir={run_dir}"], cwd=ROOT, env=env,

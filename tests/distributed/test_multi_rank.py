@@ -325,7 +325,7 @@ def test_fsdp_fp16_an_overflow_on_one_rank_is_skipped_by_every_rank(tmp_path):
     cfg = launch.compose(overrides)
     validate(cfg)
     (cmd,), env = launch.commands(cfg, overrides)
-    cmd[cmd.index(launch.RECIPE):cmd.index(launch.RECIPE) + 1] = ["tests/integration/overflow_on_one_rank.py",
+    cmd[cmd.index(launch.RECIPE):cmd.index(launch.RECIPE) + 1] = ["tests/distributed/overflow_on_one_rank.py",
                                                                    "1:3"]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, **env})
     assert proc.returncode == 0, proc.stderr[-3000:]

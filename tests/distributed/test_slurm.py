@@ -1,4 +1,4 @@
-"""scripts/slurm/finetune.sbatch under stand-in `srun`/`scontrol` (tests/integration/slurm_standin/) that
+"""scripts/slurm/finetune.sbatch under stand-in `srun`/`scontrol` (tests/distributed/slurm_standin/) that
 behave as SLURM documents: SIGUSR1 to the batch shell (what `--signal=B:USR1@120` sends) reaches the ranks,
 the run checkpoints and says so, the job requeues itself, and the requeued job resumes to the end."""
 

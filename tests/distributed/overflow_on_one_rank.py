@@ -1,6 +1,6 @@
-"""Run recipes/finetune.py with an fp16 overflow in the gradient shard of ONE rank (tests/integration).
+"""Run recipes/finetune.py with an fp16 overflow in the gradient shard of ONE rank (tests/distributed).
 
-    accelerate launch ... tests/integration/overflow_on_one_rank.py RANK:ATTEMPT [overrides ...]
+    accelerate launch ... tests/distributed/overflow_on_one_rank.py RANK:ATTEMPT [overrides ...]
 
 At the ATTEMPT-th optimizer step (counting from 1), rank RANK's local gradient shard gets an inf just before
 the loss scaler unscales it: under FSDP each rank checks only its own shard, which is how a real overflow in
