@@ -122,6 +122,7 @@ def _recipe(run_dir: Path, *args: str, killer: str | None = None) -> subprocess.
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # Hydra logs to stdout
 
 
+@pytest.mark.slow
 def test_kill_at_each_point_of_a_save_then_resume_matches_the_uninterrupted_run(tmp_path):
     reference = _recipe(tmp_path / "ref", *EXACT)  # runs alongside the chain below
     run_dir = tmp_path / "killed"

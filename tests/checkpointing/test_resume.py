@@ -53,6 +53,7 @@ def _finish(proc: subprocess.Popen) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_sigkill_then_resume_matches_the_uninterrupted_run_exactly(tmp_path, precision):
     args = [*EXACT, f"precision={precision}"]
@@ -79,6 +80,7 @@ def test_sigkill_then_resume_matches_the_uninterrupted_run_exactly(tmp_path, pre
     assert summary["eval"] == json.loads((tmp_path / "ref" / "summary.json").read_text())["eval"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1])
 def test_preemption_signal_checkpoints_at_the_next_step_and_exits(tmp_path, sig):
     args = [*EXACT, "checkpoint.every=0"]  # no periodic checkpoints: the signal alone must save

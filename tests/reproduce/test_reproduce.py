@@ -32,6 +32,7 @@ def test_every_paper_recipe_names_its_published_scores_among_its_results(experim
         assert key in keys and (not split or split in cfg.task.extra_validation_splits), metric
 
 
+@pytest.mark.slow
 def test_steps_budget_on_real_sst2(tmp_path):
     sst2 = shared("sst2")
     run_dir = tmp_path / "run"
@@ -52,6 +53,7 @@ def test_steps_budget_on_real_sst2(tmp_path):
     assert text in proc.stdout
 
 
+@pytest.mark.slow
 def test_minutes_budget_stops_training_when_the_time_is_up(tmp_path):
     run_dir = tmp_path / "run"
     proc = _make("experiment=sst2-bert-base", *TINY, "task=demo", "minutes=0.05", "trainer.max_steps=100000",
