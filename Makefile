@@ -21,7 +21,7 @@ ifneq ($(findstring $(newline),$(OVERRIDES)),)
 $(error a command-line value holds a line break: a Hydra override is one line; remove it)
 endif
 
-.PHONY: help setup finetune reproduce evaluate print-config test test-distributed lint
+.PHONY: help setup finetune reproduce evaluate print-config test test-fast test-distributed lint
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
@@ -46,6 +46,9 @@ print-config:  ## print the composed, resolved config for the given overrides
 
 test:  ## the CPU test suite, no network (CI runs it, then test-distributed)
 	$(PYTHON) -m pytest -q -m "not gpu and not distributed" $(PYTEST_ARGS)
+
+test-fast:  ## the CPU test suite without the slow tests (each over ~20 s): a quick check while editing
+	$(PYTHON) -m pytest -q -m "not slow and not gpu and not distributed" $(PYTEST_ARGS)
 
 test-distributed:  ## every distributed option with 2 CPU ranks: DDP, ZeRO-1/2/3, FSDP2, multi-node, SLURM requeue
 	$(PYTHON) -m pytest -q -m distributed $(PYTEST_ARGS)

@@ -2,7 +2,7 @@
 
 Not named evaluate.py: `python recipes/X.py` puts this folder first on sys.path, so a recipe named like a
 library (`evaluate`) would shadow it for every import in the run. Every recipe is named so that none shadows
-one (tests/integration/test_exit_codes.py checks it); no recipe edits sys.path."""
+one (tests/e2e/test_exit_codes.py checks it); no recipe edits sys.path."""
 
 import hydra
 from omegaconf import DictConfig

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import compose_config
+from tests.helpers import compose_config
 
 
 @pytest.fixture

@@ -114,7 +114,7 @@ SLOW = [
 def slow_fp16(tmp_path_factory):
     """cpu-smoke's three arms on tiny-bert, the fp16 arm's steps reported as FP16_STEP seconds each and the
     budget's clock advanced by the difference, as if this CPU crawled under fp16 (no real slow run)."""
-    from tests.conftest import compose_config
+    from tests.helpers import compose_config
 
     mp = pytest.MonkeyPatch()
     extra = [0.0]

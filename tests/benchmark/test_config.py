@@ -8,7 +8,7 @@ from hydra.errors import ConfigCompositionException
 
 from ampft.benchmark import BenchmarkConfigError, check
 from ampft.benchmark.config import Mode, arm_overrides, arms_for
-from tests.conftest import CONF
+from tests.helpers import CONF
 
 BENCHMARKS = sorted(p.stem for p in (CONF / "benchmark").glob("*.yaml"))
 

@@ -24,7 +24,7 @@ def hand_count_nonembedding() -> int:
 
 @pytest.fixture(scope="module")
 def tiny_model():
-    from tests.conftest import compose_config
+    from tests.helpers import compose_config
 
     cfg = compose_config("finetune", ["model=tiny-bert", "model.attn_implementation=eager"])
     return build_model(cfg.model, load_tokenizer(cfg.model), ["negative", "positive"], CLASSIFICATION)

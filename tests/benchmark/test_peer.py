@@ -15,7 +15,7 @@ from ampft.benchmark import BenchmarkConfigError
 from ampft.benchmark.peer import check, rerender, run_peer
 from ampft.benchmark.peer.report import write_report
 from ampft.benchmark.peer.results import precision_pairs, summarize
-from tests.conftest import CONF, compose_config, shared
+from tests.helpers import CONF, compose_config, shared
 
 PEER_CONFIGS = sorted(p.stem for p in (CONF / "peer").glob("*.yaml"))
 # What an arm may change: the fast paths (these, optim.implementation, model.attn_implementation) and the

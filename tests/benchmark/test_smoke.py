@@ -33,7 +33,7 @@ def finite_positive(x) -> bool:
 
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
-    from tests.conftest import compose_config
+    from tests.helpers import compose_config
 
     b = compose_config("benchmark_recipe", SMOKE).benchmark
     out = tmp_path_factory.mktemp("bench")

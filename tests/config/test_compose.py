@@ -8,7 +8,7 @@ from omegaconf.errors import ConfigKeyError, ValidationError
 
 from ampft.config import ConfigError
 from ampft.validation import validate
-from tests.conftest import CONF, compose_config
+from tests.helpers import CONF, compose_config
 
 # The finetune recipe's groups; conf/evaluate, conf/benchmark and conf/peer belong to the other recipes,
 # conf/accelerate to `accelerate launch`.

@@ -8,7 +8,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from ampft.config import FinetuneConfig
-from tests.conftest import CONF, compose_config
+from tests.helpers import CONF, compose_config
 
 # The groups whose files are settings over a schema with a default for every key (model and task files
 # describe a model or a data set and are checked by their own tests).

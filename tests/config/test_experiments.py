@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import CONF, compose_config
+from tests.helpers import CONF, compose_config
 
 GLUE = "Devlin et al. 2019, Table 1 (GLUE test server)"
 # name: (model, task, lr, epochs, batch_size, eval_every, max_length, main_metric, extra_validation_splits,

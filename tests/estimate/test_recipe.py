@@ -12,7 +12,7 @@ import pytest
 from ampft.estimate.config import EstimateConfigError, check
 from ampft.estimate.run import compose
 from ampft.validation import schema_keys
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 
 
 def _run(tmp_path, *overrides):

@@ -19,7 +19,7 @@ from ampft.tasks.token_classification.conll import (
     tokenize_and_align,
 )
 from ampft.tasks.token_classification.seqeval import Seqeval, entities
-from tests.conftest import shared
+from tests.helpers import shared
 
 LABELS = ["O", "B-LOC", "B-MISC", "B-ORG", "B-PER", "I-LOC", "I-MISC", "I-ORG", "I-PER"]
 L2I = {t: i for i, t in enumerate(LABELS)}

@@ -18,7 +18,7 @@ from ampft.tasks.question_answering.squad import (
     read_squad,
 )
 from ampft.tasks.question_answering.squad_metric import Squad, SquadV2, normalize_answer
-from tests.conftest import shared
+from tests.helpers import shared
 
 MAX_LENGTH, STRIDE = 128, 32
 

@@ -14,7 +14,7 @@ from ampft.models import build_model, load_tokenizer
 from ampft.tasks import FAMILIES, Family, check_installed, family_for, register
 from ampft.tasks.classification import Classification
 from ampft.validation import metric_keys, validate
-from tests.conftest import compose_config
+from tests.helpers import compose_config
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 OWN_METHODS = ("check", "check_file", "load", "tokenize", "collator", "model_kwargs", "evaluate")

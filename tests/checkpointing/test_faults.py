@@ -1,0 +1,323 @@
+"""Fault injection on checkpoints: kills during a save, corrupted files of every kind, resume from an
+earlier step then preemption, a full disk, a crafted pickle, exploding losses. Each asserts what the user
+sees and that nothing already saved was lost."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pickle
+import shutil
+import signal
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from ampft import checkpointing
+from ampft.checkpointing import CheckpointError, checkpoints, manifest, resolve_resume, verify
+from ampft.config import ConfigError, metric_mode
+from ampft.engine import Preempted, TrainingDiverged, TrainState
+from ampft.finetune import run
+from ampft.tracking import Tracker
+from ampft.validation import validate
+from tests.helpers import ROOT, TINY, compose_config
+
+SMALL = [*TINY, "trainer.log_every=1", "checkpoint.every=2"]
+
+
+def _tiny(*overrides):
+    return compose_config("finetune", [*SMALL, *overrides])
+
+
+def _entries(run_dir: Path, name: str = "metrics.jsonl") -> list[dict]:
+    return [json.loads(x) for x in (run_dir / name).read_text().splitlines()]
+
+
+def _losses(run_dir: Path) -> dict[int, list[float]]:
+    out: dict[int, list[float]] = {}
+    for e in _entries(run_dir):
+        if e["event"] == "train":
+            out.setdefault(e["step"], []).append(e["loss"])
+    return out
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory) -> Path:
+    """A real run dir with two real checkpoints, step_2 and step_4 (copied by each test that breaks it)."""
+    run_dir = tmp_path_factory.mktemp("saved")
+    run(_tiny("trainer.max_steps=4", "checkpoint.keep_last=2"), run_dir)
+    assert [p.name for p in checkpoints(run_dir)] == ["step_2", "step_4"]
+    return run_dir
+
+
+def _copy(saved: Path, tmp_path: Path) -> Path:
+    dst = tmp_path / "run"
+    shutil.copytree(saved, dst)
+    return dst
+
+
+# -- integrity: every file kind, every kind of damage --------------------------------------------------
+
+KINDS = ["model.safetensors", "optimizer.bin", "scheduler.bin", "random_states_0.pkl", "train_state.json",
+         "config.yaml", "manifest.json"]
+
+
+@pytest.mark.parametrize("damage", ["truncated", "same-size garbage", "missing"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_latest_falls_back_past_any_damaged_file(saved, tmp_path, caplog, kind, damage):
+    run_dir = _copy(saved, tmp_path)
+    f = run_dir / "checkpoints" / "step_4" / kind
+    data = f.read_bytes()
+    if damage == "truncated":
+        f.write_bytes(data[: len(data) // 2])
+    elif damage == "same-size garbage":
+        f.write_bytes(bytes(len(data)))  # zero-filled, as a failing disk or a bad copy leaves it
+    else:
+        f.unlink()
+    with caplog.at_level(logging.WARNING, logger="ampft.checkpointing"):
+        chosen = resolve_resume(run_dir, "latest")
+    assert chosen == run_dir / "checkpoints" / "step_2"
+    assert "skipping" in caplog.text and "step_4" in caplog.text
+    if kind != "manifest.json":
+        assert kind in caplog.text  # the message names the damaged file
+    with pytest.raises(CheckpointError, match="step_4 cannot be loaded"):
+        resolve_resume(run_dir, str(run_dir / "checkpoints" / "step_4"))
+
+
+def test_same_size_corruption_resumes_from_the_previous_checkpoint(saved, tmp_path, caplog):
+    """The issue's crash: a zero-filled model.safetensors of the newest checkpoint."""
+    run_dir = _copy(saved, tmp_path)
+    weights = run_dir / "checkpoints" / "step_4" / "model.safetensors"
+    weights.write_bytes(bytes(weights.stat().st_size))
+    # Leftovers of an interrupted save and an interrupted deletion: cleaned up by the next save.
+    (run_dir / "checkpoints" / "step_6.tmp").mkdir()
+    (run_dir / "checkpoints" / "step_6.tmp" / "optimizer.bin").write_bytes(b"partial")
+    shutil.copytree(run_dir / "checkpoints" / "step_2", run_dir / "checkpoints" / "step_0.deleting")
+    with caplog.at_level(logging.INFO):
+        summary = run(_tiny("trainer.max_steps=6", "checkpoint.keep_last=5", "checkpoint.resume=latest"), run_dir)
+    assert summary["steps"] == 6
+    assert "does not match its sha256 checksum" in caplog.text
+    assert f"resumed from {run_dir / 'checkpoints' / 'step_2'} at step 2" in caplog.text
+    names = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    assert names == ["step_2", "step_4", "step_6"]  # no .tmp, no .deleting; the new step_4 replaced the bad one
+    assert not verify(run_dir / "checkpoints" / "step_4")
+    assert manifest(run_dir / "checkpoints" / "step_4")["parent"]["name"] == "step_2"
+
+
+# -- kill -9 inside a save, at each point ---------------------------------------------------------------
+
+EXACT = [*TINY, "trainer.log_every=1", "trainer.max_steps=12", "task.max_train_samples=320",
+         "checkpoint.every=2", "checkpoint.keep_last=2", "trainer.eval_every=6"]
+
+
+def _recipe(run_dir: Path, *args: str, killer: str | None = None) -> subprocess.Popen:
+    head = [sys.executable, "tests/checkpointing/kill_during_save.py", killer] if killer else [sys.executable,
+                                                                                       "recipes/finetune.py"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
+    return subprocess.Popen([*head, *args, f"hydra.run.dir={run_dir}"], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # Hydra logs to stdout
+
+
+@pytest.mark.slow
+def test_kill_at_each_point_of_a_save_then_resume_matches_the_uninterrupted_run(tmp_path):
+    reference = _recipe(tmp_path / "ref", *EXACT)  # runs alongside the chain below
+    run_dir = tmp_path / "killed"
+    chain = [("file:step_4.tmp/optimizer.bin", []),  # weights written, optimizer not yet
+             ("renaming:step_6.tmp", ["checkpoint.resume=latest"]),  # complete, not renamed
+             ("deleting:step_2", ["checkpoint.resume=latest"])]  # rotation half-way through a deletion
+    expected_resume = [None, "step_2", "step_4"]
+    for (killer, extra), resumed_from in zip(chain, expected_resume, strict=True):
+        proc = _recipe(run_dir, *EXACT, *extra, killer=killer)
+        err, _ = proc.communicate()
+        assert proc.returncode == -signal.SIGKILL, err[-3000:]
+        if resumed_from:
+            assert f"resumed from {run_dir / 'checkpoints' / resumed_from}" in err, err[-3000:]
+        good = checkpoints(run_dir)
+        assert good and all(not verify(p) for p in good)  # every complete checkpoint verifies byte for byte
+    left = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    assert "step_2.deleting" in left and "step_6" in left
+    final = _recipe(run_dir, *EXACT, "checkpoint.resume=latest")
+    err, _ = final.communicate()
+    assert final.returncode == 0, err[-3000:]
+    assert f"resumed from {run_dir / 'checkpoints' / 'step_6'}" in err
+    ref_err, _ = reference.communicate()
+    assert reference.returncode == 0, ref_err[-3000:]
+
+    ref, got = _losses(tmp_path / "ref"), _losses(run_dir)
+    assert sorted(got) == sorted(ref) == list(range(1, 13))
+    assert all(len(v) == 1 for v in got.values())  # one clean history, no replayed duplicates
+    assert got == ref  # bit for bit, as if never interrupted
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["eval"] == json.loads((tmp_path / "ref" / "summary.json").read_text())["eval"]
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_10", "step_12"]
+    replaced = _entries(run_dir, "metrics.replaced.jsonl")  # what the killed runs logged past their checkpoint
+    assert replaced and all(e["step"] > 2 for e in replaced)
+
+
+# -- timelines: resume from an earlier step, preemption ------------------------------------------------
+
+def _sigterm_after_first_train_log(monkeypatch):
+    real = Tracker.log
+
+    def log(self, event, step, values):
+        real(self, event, step, values)
+        if event == "train" and not getattr(self, "_signalled", False):
+            self._signalled = True
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(Tracker, "log", log)
+
+
+def test_resume_from_an_earlier_step_then_preemption_keeps_the_new_line(saved, tmp_path, monkeypatch):
+    """The issue's repro: 10 steps (every=2, keep_last=5), then resume step_4 with every=4 keep_last=2,
+    SIGTERM after the first new log line."""
+    run_dir = tmp_path / "run"
+    run(_tiny("trainer.max_steps=10", "checkpoint.keep_last=5", "trainer.log_every=2"), run_dir)
+    assert [p.name for p in checkpoints(run_dir)] == [f"step_{s}" for s in (2, 4, 6, 8, 10)]
+
+    _sigterm_after_first_train_log(monkeypatch)
+    with pytest.raises(Preempted, match=r"at step 6; checkpoint written: .*step_6"):
+        run(_tiny("trainer.max_steps=40", "trainer.log_every=2", "checkpoint.every=4", "checkpoint.keep_last=2",
+                  f"checkpoint.resume={run_dir / 'checkpoints' / 'step_4'}"), run_dir)
+    monkeypatch.undo()
+    # The new line (4 -> 6) is kept; the abandoned step_8 and step_10 went first.
+    assert [p.name for p in checkpoints(run_dir)] == ["step_4", "step_6"]
+    new6 = manifest(run_dir / "checkpoints" / "step_6")
+    assert new6["parent"] == {"name": "step_4", "seq": manifest(run_dir / "checkpoints" / "step_4")["seq"]}
+    assert resolve_resume(run_dir, "latest") == run_dir / "checkpoints" / "step_6"
+    # metrics.jsonl: one history (1..6 of the line going on); the abandoned 5..10 moved aside.
+    steps = [e["step"] for e in _entries(run_dir) if e["event"] == "train"]
+    assert steps == [2, 4, 6]
+    assert {e["step"] for e in _entries(run_dir, "metrics.replaced.jsonl")} >= {6, 8, 10}
+
+    summary = run(_tiny("trainer.max_steps=8", "trainer.log_every=2", "checkpoint.every=4", "checkpoint.keep_last=2",
+                        "checkpoint.resume=latest"), run_dir)
+    assert summary["steps"] == 8
+    assert [p.name for p in checkpoints(run_dir)] == ["step_6", "step_8"]
+
+
+def test_preemption_on_a_checkpoint_step_saves_it_once(tmp_path, monkeypatch):
+    saves = []
+    real = checkpointing.save
+
+    def save(accelerator, run_dir, step, *args, **kwargs):
+        saves.append(step)
+        return real(accelerator, run_dir, step, *args, **kwargs)
+
+    monkeypatch.setattr(checkpointing, "save", save)
+    _sigterm_after_first_train_log(monkeypatch)
+    with pytest.raises(Preempted, match="at step 2"):
+        run(_tiny("trainer.max_steps=10", "trainer.log_every=2"), tmp_path)
+    assert saves == [2]
+    assert [p.name for p in checkpoints(tmp_path)] == ["step_2"]
+
+
+# -- a full disk ---------------------------------------------------------------------------------------
+
+@pytest.fixture
+def small_disk(tmp_path, saved):
+    """A tmpfs with room for the run's files and one checkpoint, not two (root only)."""
+    ckpt = sum(manifest(saved / "checkpoints" / "step_2")["files"].values())
+    others = sum(f.stat().st_size for f in saved.rglob("*") if f.is_file() and "checkpoints" not in f.parts
+                 and "model" not in f.parts)
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    size = others + int(1.6 * ckpt)
+    try:
+        proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)],
+                              capture_output=True, text=True)
+    except FileNotFoundError:
+        pytest.skip("no mount command")
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs (needs root): {proc.stderr.strip()}")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_full_disk_is_a_clear_error_and_the_previous_checkpoint_survives(small_disk):
+    run_dir = small_disk / "run"
+    with pytest.raises(CheckpointError) as err:
+        run(_tiny("trainer.max_steps=8", "checkpoint.keep_last=1", "checkpoint.export=false"), run_dir)
+    msg = str(err.value)
+    assert "could not write checkpoint step_4" in msg and str(run_dir) in msg
+    assert "free space there" in msg and "needs about" in msg and "disk is full" in msg
+    assert "checkpoint.resume=latest" in msg
+    assert [p.name for p in (run_dir / "checkpoints").iterdir()] == ["step_2"]  # no half-written step_4.tmp
+    assert not verify(run_dir / "checkpoints" / "step_2")
+
+
+# -- nothing from a checkpoint runs code ---------------------------------------------------------------
+
+class _Payload:
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def _plant(ckpt: Path, name: str, data: bytes) -> None:
+    """Write a file into a checkpoint and record it in the manifest, as an attacker who controls the folder would."""
+    (ckpt / name).write_bytes(data)
+    body = manifest(ckpt)
+    body["files"][name] = len(data)
+    body["sha256"][name] = checkpointing.digests(ckpt, [name])[name]
+    (ckpt / "manifest.json").write_text(json.dumps(body))
+    assert not verify(ckpt)
+
+
+@pytest.mark.parametrize("name", ["custom_checkpoint_0.pkl", "random_states_0.pkl", "optimizer.bin"])
+def test_a_crafted_pickle_never_runs(saved, tmp_path, name):
+    run_dir = _copy(saved, tmp_path)
+    ckpt = run_dir / "checkpoints" / "step_4"
+    marker = tmp_path / f"pwned-{uuid.uuid4().hex}"
+    _plant(ckpt, name, pickle.dumps({"state": _Payload(marker)}))
+    with pytest.raises(CheckpointError) as err:
+        run(_tiny("trainer.max_steps=6", f"checkpoint.resume={ckpt}"), tmp_path / "other")
+    assert not marker.exists()
+    assert name in str(err.value) or "weights-only" in str(err.value)
+
+
+def test_train_state_accepts_only_known_keys_of_their_types():
+    good = TrainState().state_dict()
+    TrainState().load_state_dict(json.loads(json.dumps(good)))
+    for bad, needle in [({**good, "__class__": "os.system"}, "unknown key '__class__'"),
+                        ({**good, "step": "7"}, "step='7' is not of type int"),
+                        ({**good, "eval_results": {"accuracy": [1]}}, "eval_results"),
+                        ({k: v for k, v in good.items() if k != "epoch"}, "missing key 'epoch'")]:
+        with pytest.raises(CheckpointError, match=needle):
+            TrainState().load_state_dict(bad)
+
+
+# -- what "best" and "last good" mean ------------------------------------------------------------------
+
+def test_checkpoint_metric_loss_is_minimised_unless_told_otherwise():
+    cfg = compose_config("finetune", [*TINY, "checkpoint.metric=loss", "checkpoint.every=2", "checkpoint.keep_best=1"])
+    validate(cfg)
+    assert metric_mode(cfg.checkpoint.metric, cfg.checkpoint.mode) == "min"
+    assert metric_mode("accuracy", None) == "max" and metric_mode("mnli_mm/loss", None) == "min"
+    with pytest.raises(ConfigError, match=r"checkpoint.mode=max with checkpoint.metric=loss: loss is better when lower"):
+        validate(compose_config("finetune", [*TINY, "checkpoint.metric=loss", "checkpoint.mode=max"]))
+
+
+def test_exploding_loss_stops_the_run_and_names_the_last_good_checkpoint(tmp_path):
+    """optim.lr=1e3: the loss explodes within a few steps; no checkpoint is written from those weights."""
+    with pytest.raises(TrainingDiverged) as err:
+        run(_tiny("optim.lr=1e3", "trainer.max_steps=20", "trainer.log_every=2"), tmp_path)
+    msg = str(err.value)
+    assert "the loss exploded" in msg and "precision.max_loss_ratio=10" in msg
+    kept = checkpoints(tmp_path)
+    assert kept, "the first checkpoint (before the explosion) should exist"
+    assert f"The last checkpoint, {kept[-1]}" in msg
+    initial = json.loads((kept[-1] / "train_state.json").read_text())["initial_loss"]
+    assert all(manifest(p)["loss"] < 10 * initial for p in kept)
+    assert not (tmp_path / "model").exists()
+
+
+def test_explosion_before_any_checkpoint_says_there_is_none(tmp_path):
+    with pytest.raises(TrainingDiverged, match="There is no checkpoint of this run to go back to"):
+        run(_tiny("optim.lr=1e3", "trainer.max_steps=20", "trainer.log_every=2", "checkpoint.every=0"), tmp_path)

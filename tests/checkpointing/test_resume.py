@@ -1,0 +1,190 @@
+"""Checkpoints that never lose work: exact resume after SIGKILL, preemption by SIGTERM/SIGUSR1, atomic
+saves that `latest` can trust, refusal of config changes that break exactness, best-K rotation."""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from ampft.checkpointing import CheckpointError, checkpoints, manifest, rotate
+from ampft.finetune import run
+from tests.helpers import ROOT, TINY
+
+# Per-step losses, enough steps to interrupt a real process in the middle of its run.
+EXACT = [*TINY, "trainer.log_every=1", "trainer.max_steps=150", "task.max_train_samples=400",
+         "checkpoint.every=20", "checkpoint.keep_last=10", "trainer.eval_every=50"]
+
+
+def _recipe(run_dir, *overrides) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "recipes/finetune.py", *overrides, f"hydra.run.dir={run_dir}"],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _losses(run_dir) -> dict[int, list[float]]:
+    out: dict[int, list[float]] = {}
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        event = json.loads(line)
+        if event["event"] == "train":
+            out.setdefault(event["step"], []).append(event["loss"])
+    return out
+
+
+def _wait_for_step(proc: subprocess.Popen, run_dir, step: int, timeout: float = 240) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"run ended before step {step}: {proc.stderr.read()[-2000:]}")
+        metrics = run_dir / "metrics.jsonl"
+        if metrics.is_file() and any(f'"step": {step},' in x for x in metrics.read_text().splitlines()):
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"step {step} not reached in {timeout}s")
+
+
+def _finish(proc: subprocess.Popen) -> subprocess.CompletedProcess:
+    out, err = proc.communicate(timeout=300)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_sigkill_then_resume_matches_the_uninterrupted_run_exactly(tmp_path, precision):
+    args = [*EXACT, f"precision={precision}"]
+    reference = _finish(_recipe(tmp_path / "ref", *args))
+    assert reference.returncode == 0, reference.stderr[-2000:]
+
+    killed = tmp_path / "killed"
+    proc = _recipe(killed, *args)
+    _wait_for_step(proc, killed, 70)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    resumed_from = checkpoints(killed)[-1]
+    assert manifest(resumed_from)["step"] >= 60
+
+    resumed = _finish(_recipe(killed, *args, "checkpoint.resume=latest"))
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    ref, got = _losses(tmp_path / "ref"), _losses(killed)
+    assert sorted(got) == sorted(ref) == list(range(1, 151))
+    for step, values in got.items():  # steps logged twice (before the kill and after resume) agree too
+        assert all(v == ref[step][0] for v in values), f"step {step}: {values} != {ref[step]}"
+    summary = json.loads((killed / "summary.json").read_text())
+    assert summary["steps"] == 150
+    assert summary["eval"] == json.loads((tmp_path / "ref" / "summary.json").read_text())["eval"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1])
+def test_preemption_signal_checkpoints_at_the_next_step_and_exits(tmp_path, sig):
+    args = [*EXACT, "checkpoint.every=0"]  # no periodic checkpoints: the signal alone must save
+    proc = _recipe(tmp_path, *args)
+    _wait_for_step(proc, tmp_path, 30)
+    proc.send_signal(sig)
+    done = _finish(proc)
+    assert done.returncode == 75, done.stderr[-2000:]
+    assert "checkpoint.resume=latest" in done.stderr
+    saved = checkpoints(tmp_path)
+    assert len(saved) == 1
+    stopped_at = manifest(saved[0])["step"]
+    assert 30 <= stopped_at < 150
+    assert not (tmp_path / "summary.json").exists()
+
+    resumed = _finish(_recipe(tmp_path, *args, "checkpoint.resume=latest"))
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert json.loads((tmp_path / "summary.json").read_text())["steps"] == 150
+
+
+def test_resume_refuses_breaking_config_changes(tiny, tmp_path):
+    run(tiny("trainer.max_steps=4", "checkpoint.every=4"), tmp_path)
+    with pytest.raises(CheckpointError) as err:
+        run(tiny("trainer.max_steps=8", "trainer.batch_size=8", "precision=bf16", "checkpoint.resume=latest"),
+            tmp_path)
+    msg = str(err.value)
+    assert "trainer.batch_size: 16 -> 8" in msg and "precision.name: 'fp32' -> 'bf16'" in msg
+    assert "checkpoint.allow_config_change=true" in msg
+    # Harmless changes are allowed, and the explicit flag lets a breaking one through.
+    summary = run(tiny("trainer.max_steps=6", "trainer.log_every=2", "trainer.eval_every=3",
+                       "checkpoint.resume=latest"), tmp_path)
+    assert summary["steps"] == 6
+    summary = run(tiny("trainer.max_steps=8", "trainer.batch_size=8", "checkpoint.resume=latest",
+                       "checkpoint.allow_config_change=true"), tmp_path)
+    assert summary["steps"] == 8
+
+
+def test_latest_skips_incomplete_and_corrupt_checkpoints(tiny, tmp_path, caplog):
+    run(tiny("trainer.max_steps=6", "checkpoint.every=2", "checkpoint.keep_last=5", "trainer.log_every=1"), tmp_path)
+    root = tmp_path / "checkpoints"
+    # A save killed midway (temporary folder) and a checkpoint whose weights were truncated.
+    (root / "step_8.tmp").mkdir()
+    (root / "step_8.tmp" / "model.safetensors").write_bytes(b"partial")
+    weights = root / "step_6" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    with caplog.at_level(logging.WARNING, logger="ampft.checkpointing"):
+        summary = run(tiny("trainer.max_steps=8", "checkpoint.every=2", "checkpoint.keep_last=5",
+                           "trainer.log_every=1", "checkpoint.resume=latest"), tmp_path)
+    assert summary["steps"] == 8
+    text = caplog.text
+    assert "step_8.tmp" in text and "unfinished save" in text
+    assert "step_6" in text and "model.safetensors is 100 bytes" in text
+    # Resumed from step_4, the newest that verifies: steps 5 and 6 ran again; metrics.jsonl holds them once
+    # (the replaced entries moved to metrics.replaced.jsonl).
+    logged = _losses(tmp_path)
+    assert all(len(v) == 1 for v in logged.values()) and sorted(logged) == list(range(1, 9))
+    replaced = [json.loads(x)["step"] for x in (tmp_path / "metrics.replaced.jsonl").read_text().splitlines()]
+    assert replaced and set(replaced) <= {5, 6}
+
+
+def test_corrupt_checkpoint_by_path_is_a_clear_error(tiny, tmp_path):
+    run(tiny("trainer.max_steps=2", "checkpoint.every=2"), tmp_path)
+    ckpt = tmp_path / "checkpoints" / "step_2"
+    (ckpt / "optimizer.bin").unlink()
+    with pytest.raises(CheckpointError, match=r"step_2 cannot be loaded: optimizer.bin is missing"):
+        run(tiny("trainer.max_steps=4", f"checkpoint.resume={ckpt}"), tmp_path / "other")
+
+
+def test_rotation_keeps_last_k_and_best_k(tmp_path):
+    def fake(step, value):
+        p = tmp_path / f"step_{step}"
+        p.mkdir()
+        (p / "manifest.json").write_text(json.dumps({"step": step, "metric": {"name": "accuracy", "value": value},
+                                                     "files": {}}))
+        return p
+
+    found = [fake(s, v) for s, v in [(1, 0.5), (2, 0.9), (3, 0.7), (4, 0.6), (5, 0.65)]]
+    assert [p.name for p in rotate(found, keep_last=2, keep_best=1, mode="max")] == ["step_1", "step_3"]
+    assert [p.name for p in rotate(found, keep_last=1, keep_best=2, mode="min")] == ["step_2", "step_3"]
+
+
+def test_best_checkpoint_is_exported_with_a_model_card(tiny, tmp_path):
+    from transformers import AutoModelForSequenceClassification
+
+    summary = run(tiny("trainer.max_steps=12", "checkpoint.every=3", "checkpoint.keep_last=1",
+                       "checkpoint.keep_best=1", "checkpoint.metric=loss", "checkpoint.mode=min",
+                       "checkpoint.export_best=true"), tmp_path)
+    kept = checkpoints(tmp_path)
+    best = min(kept, key=lambda p: manifest(p)["metric"]["value"])
+    assert summary["exported"].startswith(f"best: {best.name}")
+    exported = AutoModelForSequenceClassification.from_pretrained(tmp_path / "model")
+    from safetensors.torch import load_file
+
+    saved = load_file(best / "model.safetensors")
+    for name, tensor in exported.state_dict().items():
+        if name in saved:
+            assert torch.equal(tensor, saved[name]), name
+    card = (tmp_path / "model" / "README.md").read_text()
+    assert "tiny-bert fine-tuned on demo" in card and "fp32" in card and "samples/s" in card
+
+
+def test_model_card_records_the_command(tmp_path):
+    proc = _finish(_recipe(tmp_path, *TINY, "trainer.max_steps=3", "optim.lr=2e-4"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    card = (tmp_path / "model" / "README.md").read_text()
+    assert "python recipes/finetune.py" in card and "optim.lr=2e-4" in card
+

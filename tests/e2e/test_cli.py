@@ -1,0 +1,80 @@
+"""The commands a user types: `python recipes/finetune.py ...` and `make finetune ...`, as real processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+from tests.helpers import ROOT, TINY
+
+QUICK = [*TINY, "trainer.max_steps=6", "task.max_eval_samples=33"]
+
+
+def _run(args: list[str], timeout: int = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HYDRA_FULL_ERROR": "0"}
+    return subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_recipe_runs_with_overrides_and_reports(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = _run([sys.executable, "recipes/finetune.py", *QUICK, "optim.lr=3e-5", f"hydra.run.dir={run_dir}"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout + proc.stderr
+    assert "== ampft summary ==" in out and str(run_dir) in out
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["steps"] == 6 and summary["eval_samples"] == 33
+    assert (run_dir / ".hydra" / "config.yaml").is_file() and (run_dir / "model" / "config.json").is_file()
+    resolved = (run_dir / "config.yaml").read_text()
+    assert "lr: 3.0e-05" in resolved
+
+
+def test_make_finetune_passes_overrides(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = _run(["make", "--no-print-directory", "finetune", *QUICK, "precision=bf16",
+                 f"PYTHON={sys.executable}", f"hydra.run.dir={run_dir}"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["precision"] == "bf16" and summary["model"] == "tiny-bert"
+
+
+def test_typo_fails_at_compose_with_the_key(tmp_path):
+    proc = _run([sys.executable, "recipes/finetune.py", "trainer.max_stepz=5", f"hydra.run.dir={tmp_path}"])
+    assert proc.returncode != 0
+    assert "max_stepz" in proc.stderr
+    assert not (tmp_path / "summary.json").exists()
+
+
+def test_bad_group_option_lists_choices(tmp_path):
+    proc = _run([sys.executable, "recipes/finetune.py", "precision=fp64", f"hydra.run.dir={tmp_path}"])
+    assert proc.returncode != 0
+    assert "fp64" in proc.stderr and "bf16" in proc.stderr and "tf32" in proc.stderr
+
+
+def test_cross_field_problems_reported_together_before_building(tmp_path):
+    proc = _run([sys.executable, "recipes/finetune.py", "task=csv", "trainer.batch_size=0", "optim.lr=-1",
+                 f"hydra.run.dir={tmp_path}"])
+    assert proc.returncode == 2
+    for needle in ("task.train_file", "trainer.batch_size=0", "optim.lr=-1.0"):
+        assert needle in proc.stderr
+    assert not (tmp_path / "model").exists()
+
+
+def test_hub_model_offline_fails_fast_with_guidance(tmp_path):
+    started = time.perf_counter()
+    proc = _run([sys.executable, "recipes/finetune.py", "model=bert-large", "precision=bf16",
+                 f"hydra.run.dir={tmp_path}"])
+    assert time.perf_counter() - started < 60
+    assert proc.returncode == 2
+    assert "unreachable" in proc.stderr and "model.pretrained=false" in proc.stderr
+
+
+def test_multirun_gives_each_job_its_own_run_dir(tmp_path):
+    proc = _run([sys.executable, "recipes/finetune.py", "-m", *QUICK, "precision=fp32,bf16",
+                 f"hydra.sweep.dir={tmp_path}"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summaries = sorted(tmp_path.glob("*/summary.json"))
+    assert len(summaries) == 2
+    assert {json.loads(p.read_text())["precision"] for p in summaries} == {"fp32", "bf16"}

@@ -1,0 +1,117 @@
+"""One error hierarchy (ampft.errors), one wrapper: each error ends a real recipe run with its exit code.
+
+ConfigError, DataError, ModelLoadError and Preempted are run through recipes/finetune.py elsewhere
+(test_cli.py::test_cross_field_problems_reported_together_before_building,
+faults/test_inputs.py::test_shifted_tsv_never_trains_end_to_end, test_cli.py::test_hub_model_offline_fails_fast_with_guidance,
+test_resume.py, exit 75); the others are here. MissingExtraError is turned into a ConfigError before training
+(test_optional_imports.py); the wrapper test covers its code.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+
+from ampft import errors
+from tests.helpers import ROOT, TINY
+
+# Every error class, the module it has always been imported from, and its exit code.
+TABLE = [
+    ("ConfigError", "ampft.config", 2),
+    ("BenchmarkConfigError", "ampft.benchmark", 2),
+    ("DataError", "ampft.data", 2),
+    ("ModelLoadError", "ampft.models", 2),
+    ("CheckpointError", "ampft.checkpointing", 2),
+    ("EvaluationError", "ampft.evaluation.saved", 2),
+    ("MissingExtraError", "ampft.extras", 2),
+    ("TrainingDiverged", "ampft.engine", 3),
+    ("Preempted", "ampft.engine", 75),
+]
+
+
+def _run(args: list[str], **env: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HYDRA_FULL_ERROR": "0", **env}
+    return subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True)
+
+
+@pytest.mark.parametrize("name,module,code", TABLE)
+def test_every_error_has_one_base_its_code_and_its_old_import(name, module, code):
+    cls = getattr(errors, name)
+    assert issubclass(cls, errors.AmpftError) and cls.exit_code == code
+    assert getattr(importlib.import_module(module), name) is cls
+
+
+@pytest.mark.parametrize("name,module,code", TABLE)
+def test_the_wrapper_reports_the_message_and_exits_with_the_code(name, module, code, capsys):
+    cls = getattr(errors, name)
+
+    @errors.exit_on_error
+    def main(x):
+        raise cls(["task.x=1: must be 2"]) if issubclass(cls, errors.ConfigError) else cls(f"boom {x}")
+
+    with pytest.raises(SystemExit) as exit_:
+        main(7)
+    assert exit_.value.code == code
+    said = capsys.readouterr().err
+    assert said.startswith("preempted: " if name == "Preempted" else "error: ") and "Traceback" not in said
+    assert ("task.x=1: must be 2" if issubclass(cls, errors.ConfigError) else "boom 7") in said
+    assert errors.exit_on_error(lambda: 5)() == 5  # a normal return passes through
+
+
+def test_the_table_covers_every_error_class():
+    defined = {n for n, c in vars(errors).items() if isinstance(c, type) and issubclass(c, errors.AmpftError)}
+    assert defined - {"AmpftError"} == {name for name, _, _ in TABLE}
+
+
+def test_recipe_names_shadow_no_library():
+    """`python recipes/X.py` puts recipes/ first on sys.path: no recipe may be named like an importable module."""
+    for recipe in sorted((ROOT / "recipes").glob("*.py")):
+        assert importlib.util.find_spec(recipe.stem) is None, f"recipes/{recipe.name} shadows a module"
+
+
+def test_diverged_run_exits_3(tmp_path):
+    proc = _run(["recipes/finetune.py", *TINY, "optim.lr=1e4", "trainer.max_steps=40", "trainer.log_every=2",
+                 "precision.max_consecutive_nonfinite=2", f"hydra.run.dir={tmp_path}"])
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    assert "error: " in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "summary.json").exists()
+
+
+def test_checkpoint_error_exits_2(tmp_path):
+    fake = tmp_path / "elsewhere" / "step_4"
+    fake.mkdir(parents=True)
+    proc = _run(["recipes/finetune.py", *TINY, "trainer.max_steps=4", f"checkpoint.resume={fake}",
+                 f"hydra.run.dir={tmp_path / 'run'}"])
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert f"error: checkpoint.resume={fake} cannot be loaded: no manifest.json" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_evaluation_error_exits_2(tmp_path):
+    proc = _run(["recipes/eval.py", f"run={tmp_path}"])
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert f"error: run={tmp_path}: no exported model" in proc.stderr
+
+
+def test_benchmark_config_error_exits_2(tmp_path):
+    proc = _run(["recipes/benchmark.py", "benchmark.seq_len=4", "benchmark.batch_size=0", f"hydra.run.dir={tmp_path}"])
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "problem(s) in the benchmark config" in proc.stderr
+    assert "benchmark.seq_len=4" in proc.stderr and "benchmark.batch_size=0" in proc.stderr
+
+
+def test_peer_config_error_exits_2(tmp_path):
+    proc = _run(["recipes/peer.py", "peer.seeds=[]", f"hydra.run.dir={tmp_path}"])
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "peer.seeds=[]: give one or more distinct seeds" in proc.stderr
+
+
+def test_launcher_config_error_exits_2(tmp_path):
+    proc = _run(["-m", "ampft.launch", *TINY, "trainer.batch_size=0", f"hydra.run.dir={tmp_path}"])
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "error: 1 problem(s) in the config" in proc.stderr and "trainer.batch_size=0" in proc.stderr

@@ -1,0 +1,117 @@
+"""Run directories: unique per run (also two runs in the same second), never silently shared with a
+previous run, and `resume=latest` in a new one says it starts afresh."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ampft import launch
+from ampft.checkpointing import checkpoints, manifest
+from ampft.config import ConfigError, run_stamp
+from ampft.finetune import run
+from tests.helpers import ROOT, TINY, compose_config
+
+
+def _tiny(*overrides):
+    return compose_config("finetune", [*TINY, "trainer.log_every=1", *overrides])
+
+
+def test_launcher_creates_a_new_folder_per_run_even_in_the_same_second(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cfg = _tiny()
+    dirs = [launch._run_dir(cfg, []) for _ in range(20)]
+    assert len(set(dirs)) == 20 and all(Path(d).is_dir() for d in dirs)
+    assert all(d.startswith("runs/demo/tiny-bert-fp32/20") for d in dirs)
+    # A name already taken (another machine on the shared filesystem drew the same suffix): draw again.
+    draws = iter(["2026-12-01_00-00-00_aaaaaa", "2026-12-01_00-00-00_aaaaaa", "2026-12-01_00-00-00_bbbbbb"])
+    monkeypatch.setattr(launch, "run_stamp", lambda: next(draws))
+    first, second = launch._run_dir(cfg, []), launch._run_dir(cfg, [])
+    assert (first, second) == ("runs/demo/tiny-bert-fp32/2026-12-01_00-00-00_aaaaaa",
+                               "runs/demo/tiny-bert-fp32/2026-12-01_00-00-00_bbbbbb")
+    monkeypatch.undo()
+    monkeypatch.chdir(tmp_path)
+    # Every command gets the one decided dir; a dry run creates nothing.
+    cmds, _ = launch.commands(cfg, [], create=False)
+    assert cmds[0][-1].startswith("hydra.run.dir=runs/demo/") and not Path(cmds[0][-1].split("=", 1)[1]).exists()
+
+
+def test_default_run_dir_stamp_is_unique_per_process_and_shared_by_one_launchers_ranks(monkeypatch):
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    stamps = {run_stamp() for _ in range(50)}
+    assert len(stamps) == 50  # a random suffix: two runs in the same second differ
+    monkeypatch.setenv("LOCAL_RANK", "0")  # ranks of one `accelerate launch`: derived from the launcher
+    assert run_stamp() == run_stamp()
+    cfg = compose_config("finetune", ["model=tiny-bert"], return_hydra_config=True)
+    assert str(cfg.hydra.run.dir).startswith("runs/demo/tiny-bert-fp32/20")
+
+
+@pytest.mark.parametrize("overrides", [["model=tiny-bert"], ["task=sst2", "precision=bf16"]])
+def test_launcher_and_hydra_share_one_run_dir_pattern(overrides):
+    """conf/finetune.yaml's hydra.run.dir is the one pattern: the launcher's folder is its parent."""
+    hydra_dir = Path(compose_config("finetune", overrides, return_hydra_config=True).hydra.run.dir)
+    assert launch.run_dir_base(compose_config("finetune", overrides)) == str(hydra_dir.parent)
+    assert Path(launch._run_dir(compose_config("finetune", overrides), [], create=False)).parent == hydra_dir.parent
+
+
+def test_two_recipes_started_together_get_two_run_dirs(tmp_path):
+    args = [sys.executable, str(ROOT / "recipes" / "finetune.py"), *TINY, "trainer.max_steps=2", "trainer.log_every=1",
+            "task.max_eval_samples=17", "checkpoint.export=false"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    procs = [subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True) for _ in range(2)]
+    outs = [p.communicate()[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs[0][-2000:] + outs[1][-2000:]
+    summaries = sorted((tmp_path / "runs").rglob("summary.json"))
+    assert len(summaries) == 2 and summaries[0].parent != summaries[1].parent
+    for s in summaries:  # each folder holds exactly one run
+        steps = [json.loads(x)["step"] for x in (s.parent / "metrics.jsonl").read_text().splitlines()
+                 if '"train"' in x]
+        assert steps == [1, 2]
+
+
+def test_a_folder_holding_a_run_is_refused_unless_resuming_or_reusing(tmp_path):
+    run(_tiny("trainer.max_steps=4", "checkpoint.every=2", "checkpoint.keep_last=5"), tmp_path)
+    old = {p.name: manifest(p)["seq"] for p in checkpoints(tmp_path)}
+    with pytest.raises(ConfigError) as err:
+        run(_tiny("trainer.max_steps=2"), tmp_path)
+    msg = str(err.value)
+    assert f"hydra.run.dir={tmp_path} holds a previous run" in msg and "summary.json" in msg
+    assert "checkpoint.resume=latest" in msg and "checkpoint.reuse_run_dir=true" in msg
+    assert old == {p.name: manifest(p)["seq"] for p in checkpoints(tmp_path)}  # untouched
+
+    # Reused on purpose: the new run's checkpoints are the line going on, never deleted for the old ones.
+    summary = run(_tiny("trainer.max_steps=4", "checkpoint.every=2", "checkpoint.keep_last=2",
+                        "checkpoint.reuse_run_dir=true", "optim.lr=2e-3"), tmp_path)
+    assert summary["steps"] == 4
+    kept = checkpoints(tmp_path)
+    assert [p.name for p in kept] == ["step_2", "step_4"]
+    assert all(manifest(p)["seq"] > max(old.values()) for p in kept)  # the new ones, not the old ones
+    assert manifest(kept[-1])["parent"]["name"] == "step_2" and manifest(kept[0])["parent"] is None
+    steps = [json.loads(x)["step"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines() if '"train"' in x]
+    assert steps == [1, 2, 3, 4]  # the earlier run's history moved to metrics.replaced.jsonl
+    assert (tmp_path / "metrics.replaced.jsonl").read_text().count('"train"') == 4
+
+
+def test_resume_latest_in_a_new_folder_warns_that_it_starts_afresh(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="ampft.finetune"):
+        summary = run(_tiny("trainer.max_steps=2", "checkpoint.resume=latest", "checkpoint.export=false"),
+                      tmp_path / "new")
+    assert summary["steps"] == 2
+    warning = [r for r in caplog.records if r.levelno == logging.WARNING and "STARTS AFRESH" in r.getMessage()]
+    assert warning and "hydra.run.dir" in warning[0].getMessage()
+
+
+def test_make_finetune_resume_latest_without_a_run_dir_warns_up_front(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    proc = subprocess.run([sys.executable, "-m", "ampft.launch", "--dry-run", "model=tiny-bert",
+                           "checkpoint.resume=latest"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "checkpoint.resume=latest without hydra.run.dir" in proc.stderr and "starts afresh" in proc.stderr
+    assert "hydra.run.dir=runs/demo/tiny-bert-fp32/" in proc.stdout
