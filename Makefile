@@ -21,7 +21,7 @@ ifneq ($(findstring $(newline),$(OVERRIDES)),)
 $(error a command-line value holds a line break: a Hydra override is one line; remove it)
 endif
 
-.PHONY: help setup finetune reproduce evaluate print-config test test-fast test-distributed lint
+.PHONY: help setup finetune reproduce evaluate print-config test test-slow test-all test-distributed lint
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
@@ -44,11 +44,14 @@ evaluate:  ## evaluate a saved run: make evaluate run=RUN_DIR [file=PATH | split
 print-config:  ## print the composed, resolved config for the given overrides
 	$(PYTHON) recipes/finetune.py $(OVERRIDES) --cfg job --resolve
 
-test:  ## the CPU test suite, no network (CI runs it, then test-distributed)
-	$(PYTHON) -m pytest -q -m "not gpu and not distributed" $(PYTEST_ARGS)
-
-test-fast:  ## the CPU test suite without the slow tests (each over ~20 s): a quick check while editing
+test:  ## the CPU test suite, no network, under 10 minutes on 2 cores (CI runs it, then test-slow and test-distributed)
 	$(PYTHON) -m pytest -q -m "not slow and not gpu and not distributed" $(PYTEST_ARGS)
+
+test-slow:  ## the slow CPU tests (each over ~20 s on 2 cores: kill-and-resume, budgets, compile, real SST-2 runs)
+	$(PYTHON) -m pytest -q -m "slow and not gpu and not distributed" $(PYTEST_ARGS)
+
+test-all:  ## test, test-slow and test-distributed: what CI runs
+	$(MAKE) --no-print-directory test test-slow test-distributed
 
 test-distributed:  ## every distributed option with 2 CPU ranks: DDP, ZeRO-1/2/3, FSDP2, multi-node, SLURM requeue
 	$(PYTHON) -m pytest -q -m distributed $(PYTEST_ARGS)

@@ -8,6 +8,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from tests.helpers import ROOT, TINY
 
 QUICK = [*TINY, "trainer.max_steps=6", "task.max_eval_samples=33"]
@@ -31,6 +33,7 @@ def test_recipe_runs_with_overrides_and_reports(tmp_path):
     assert "lr: 3.0e-05" in resolved
 
 
+@pytest.mark.slow
 def test_make_finetune_passes_overrides(tmp_path):
     run_dir = tmp_path / "run"
     proc = _run(["make", "--no-print-directory", "finetune", *QUICK, "precision=bf16",
@@ -71,6 +74,7 @@ def test_hub_model_offline_fails_fast_with_guidance(tmp_path):
     assert "unreachable" in proc.stderr and "model.pretrained=false" in proc.stderr
 
 
+@pytest.mark.slow
 def test_multirun_gives_each_job_its_own_run_dir(tmp_path):
     proc = _run([sys.executable, "recipes/finetune.py", "-m", *QUICK, "precision=fp32,bf16",
                  f"hydra.sweep.dir={tmp_path}"])

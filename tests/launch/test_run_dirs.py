@@ -60,6 +60,7 @@ def test_launcher_and_hydra_share_one_run_dir_pattern(overrides):
     assert Path(launch._run_dir(compose_config("finetune", overrides), [], create=False)).parent == hydra_dir.parent
 
 
+@pytest.mark.slow
 def test_two_recipes_started_together_get_two_run_dirs(tmp_path):
     args = [sys.executable, str(ROOT / "recipes" / "finetune.py"), *TINY, "trainer.max_steps=2", "trainer.log_every=1",
             "task.max_eval_samples=17", "checkpoint.export=false"]
