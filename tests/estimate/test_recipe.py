@@ -59,3 +59,15 @@ def test_bad_values_are_refused_with_the_key_and_the_choices(tmp_path):
 def test_the_finetune_schema_is_unchanged():
     """The estimate keys live in their own schema: config.py's range-check coverage test is not affected."""
     assert not any(k.startswith("estimate") for k in schema_keys())
+
+
+@pytest.mark.parametrize("task", ["demo", "stsb", "conll2003", "squad"])
+def test_every_task_family_traces_with_its_own_head_and_targets(task):
+    """The family gives the labels and the training targets (`Family.typical_label_count`, `fake_targets`), so a
+    new family needs nothing in ampft.estimate: each of the four traces a step whose loss has a gradient."""
+    from ampft.estimate.run import trace_all
+
+    cfg = compose(["model=tiny-bert", f"task={task}", "trainer.batch_size=4", "task.max_length=32"])
+    step = trace_all(cfg, ["fp32"], "cpu")[0]["fp32"]
+    # backward ran from the head's loss: an fp32 gradient for every trainable parameter
+    assert step.gradients == 4 * step.trainable_params and step.saved_activations > 0 and step.flops > 0

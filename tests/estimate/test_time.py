@@ -61,13 +61,14 @@ def test_flops_match_flop_counter_mode_and_the_textbook_count(base_traces):
 
     from ampft.benchmark.flops import training_flops_per_token
     from ampft.estimate.trace import fake_batch, fake_mode, trace_step
+    from ampft.tasks import family_for
 
     mode = fake_mode()
     config = AutoConfig.for_model("bert", hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
                                   intermediate_size=512, vocab_size=1000, num_labels=2)
     with mode:
         model = AutoModelForSequenceClassification.from_config(config, attn_implementation="sdpa")
-        batch = fake_batch("classification", 4, 256, 1000, 2)
+        batch = fake_batch(family_for("classification"), 4, 256, 1000)
     tr = trace_step(model, batch, "fp32", "cuda", mode=mode, optimizer=False, flop_counter=True)
     assert tr.forward_backward.flops == tr.flop_counter_total
     nonembedding = sum(p.numel() for n, p in model.named_parameters() if "embeddings" not in n)

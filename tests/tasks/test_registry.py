@@ -17,7 +17,7 @@ from ampft.validation import metric_keys, validate
 from tests.helpers import compose_config
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
-OWN_METHODS = ("check", "check_file", "load", "tokenize", "collator", "model_kwargs", "evaluate")
+OWN_METHODS = ("check", "check_file", "load", "tokenize", "collator", "model_kwargs", "fake_targets", "evaluate")
 
 
 @pytest.mark.parametrize("name", sorted(FAMILIES))

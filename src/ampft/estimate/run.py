@@ -49,11 +49,11 @@ def compose(overrides: list[str], conf_dir: Path = CONF_DIR) -> DictConfig:
 
 
 def _labels(task: DictConfig) -> tuple[list[str] | None, str]:
-    if task.family in ("regression", "question_answering"):
+    n = family_for(task.family).typical_label_count
+    if n is None:  # regression, QA: no label set
         return None, ""
     if task.labels is not None:
         return [str(x) for x in task.labels], ""
-    n = 9 if task.family == "token_classification" else 2
     return [str(i) for i in range(n)], (f"task.labels is unset (the labels come from the data): estimated with {n} "
                                         "labels; the head is a negligible part of the model")
 
@@ -83,8 +83,8 @@ def trace_all(cfg: DictConfig, precisions: list[str], target: str, slope: bool =
     with mode:
         model = build_model(m, tokenizer, labels, family, Precision.fp32, torch.device("cpu"))
         vocab = model.config.vocab_size
-        batch = fake_batch(family.name, bs, seq, vocab, None if labels is None else len(labels))
-        small = fake_batch(family.name, small_bs, seq, vocab, None if labels is None else len(labels))
+        batch = fake_batch(family, bs, seq, vocab)
+        small = fake_batch(family, small_bs, seq, vocab)
     if model.config._attn_implementation != "sdpa":
         notes.append(f"attention traced as {model.config._attn_implementation}")
     elif target == "cuda" and cfg.model.attn_implementation == "auto":

@@ -37,6 +37,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves, tree_map
 from torch.utils.flop_counter import FlopCounterMode, flop_registry, sdpa_backward_flop_count, sdpa_flop_count
 
+from ampft.tasks.base import Family
+
 aten = torch.ops.aten
 
 HALF = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -231,21 +233,12 @@ def fake_mode():
     return FakeTensorMode(allow_non_fake_inputs=True)
 
 
-def fake_batch(family: str, batch_size: int, seq_len: int, vocab: int, num_labels: int | None) -> dict:
-    """A batch of the family's model inputs (made inside the fake mode: shapes only)."""
+def fake_batch(family: Family, batch_size: int, seq_len: int, vocab: int) -> dict:
+    """A batch of model inputs and the family's training targets (made inside the fake mode: shapes only)."""
     shape = (batch_size, seq_len)
     batch = dict(input_ids=torch.randint(0, vocab, shape), attention_mask=torch.ones(shape, dtype=torch.long),
                  token_type_ids=torch.zeros(shape, dtype=torch.long))
-    if family == "question_answering":
-        batch.update(start_positions=torch.zeros(batch_size, dtype=torch.long),
-                     end_positions=torch.zeros(batch_size, dtype=torch.long))
-    elif family == "token_classification":
-        batch["labels"] = torch.zeros(shape, dtype=torch.long)
-    elif family == "regression":
-        batch["labels"] = torch.zeros(batch_size)
-    else:
-        batch["labels"] = torch.zeros(batch_size, dtype=torch.long)
-    return batch
+    return batch | family.fake_targets(batch_size, seq_len)
 
 
 def largest_block(model: torch.nn.Module) -> int:

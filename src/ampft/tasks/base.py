@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, ClassVar
 
+import torch
 from accelerate import Accelerator
 from datasets import Dataset, DatasetDict
 from omegaconf import DictConfig
@@ -42,9 +43,13 @@ class Family:
     evaluates_train_features: ClassVar[bool]
     #: its metrics report percent (seqeval, SQuAD) rather than fractions (GLUE)
     scores_in_percent: ClassVar[bool]
+    #: labels to build the model with when task.labels is unset and no data is read (`make estimate`); None: the
+    #: family has no label set
+    typical_label_count: ClassVar[int | None]
 
     ATTRIBUTES: ClassVar[tuple[str, ...]] = ("name", "metrics", "model_class", "pipeline_tag", "model_inputs", "files",
-                                             "one_feature_per_example", "evaluates_train_features", "scores_in_percent")
+                                             "one_feature_per_example", "evaluates_train_features", "scores_in_percent",
+                                             "typical_label_count")
 
     def check(self, task: DictConfig, files: list[tuple[str, str]]) -> list[str]:
         """The family's own problems with the task group (`files`: (key, path) of the local files), one message
@@ -78,6 +83,11 @@ class Family:
     def collator(self, tokenizer: PreTrainedTokenizerBase, padding: str = "longest", max_length: int | None = None,
                  pad_to_multiple_of: int | None = None):
         """Batches padded as `ampft.data.padding` says."""
+        raise NotImplementedError
+
+    def fake_targets(self, batch_size: int, seq_len: int) -> dict[str, torch.Tensor]:
+        """A batch's training targets as zeros in the shapes and dtypes the model's loss takes: what `make
+        estimate` traces a step with (inside torch's FakeTensorMode, so no memory is used)."""
         raise NotImplementedError
 
     def model_kwargs(self, labels: list[str] | None) -> dict[str, Any]:

@@ -83,6 +83,7 @@ class Classification(Family):
     one_feature_per_example = True
     evaluates_train_features = True
     scores_in_percent = False
+    typical_label_count = 2
 
     def check(self, task: DictConfig, files: list[tuple[str, str]]) -> list[str]:
         problems = column_names_problems(task, files)
@@ -124,6 +125,9 @@ class Classification(Family):
         return DataCollatorWithPadding(tokenizer, padding=padding, max_length=max_length,
                                        pad_to_multiple_of=pad_to_multiple_of)
 
+    def fake_targets(self, batch_size: int, seq_len: int) -> dict[str, torch.Tensor]:
+        return dict(labels=torch.zeros(batch_size, dtype=torch.long))
+
     def model_kwargs(self, labels: list[str] | None) -> dict:
         return dict(num_labels=len(labels), id2label=dict(enumerate(labels)),
                     label2id={name: i for i, name in enumerate(labels)})
@@ -144,6 +148,10 @@ class Regression(Classification):
 
     name = "regression"
     metrics = {"pearson": ("pearson",), "spearman": ("spearman",)}
+    typical_label_count = None
+
+    def fake_targets(self, batch_size: int, seq_len: int) -> dict[str, torch.Tensor]:
+        return dict(labels=torch.zeros(batch_size))
 
     def check(self, task: DictConfig, files: list[tuple[str, str]]) -> list[str]:
         problems = super().check(task, files)

@@ -76,6 +76,7 @@ class QuestionAnswering(Family):
     one_feature_per_example = False
     evaluates_train_features = False
     scores_in_percent = True
+    typical_label_count = None
 
     def check(self, task: DictConfig, files: list[tuple[str, str]]) -> list[str]:
         problems = column_names_unread(task)
@@ -129,6 +130,10 @@ class QuestionAnswering(Family):
             out[split] = (ds.rename_columns(renames_here) if renames_here else ds).select_columns(COLUMNS)
             check_answers(out[split], task, split)
         return DatasetDict(out), None
+
+    def fake_targets(self, batch_size: int, seq_len: int) -> dict[str, torch.Tensor]:
+        return dict(start_positions=torch.zeros(batch_size, dtype=torch.long),
+                    end_positions=torch.zeros(batch_size, dtype=torch.long))
 
     def model_kwargs(self, labels: list[str] | None) -> dict:
         return {}  # start and end logits: no label set

@@ -47,6 +47,7 @@ class TokenClassification(Family):
     one_feature_per_example = True
     evaluates_train_features = False
     scores_in_percent = True
+    typical_label_count = 9  # CoNLL-2003's IOB2 tags
 
     def check(self, task: DictConfig, files: list[tuple[str, str]]) -> list[str]:
         problems = column_names_unread(task)
@@ -89,6 +90,9 @@ class TokenClassification(Family):
             raise DataError(f"task={task.name}: tags {not_iob[:10]} are not IOB tags (O, B-<type>, I-<type>), which "
                             "entity scoring reads (task.tag_scheme=IOB1|IOB2); convert the data (e.g. IOBES to IOB2)")
         return raw, labels
+
+    def fake_targets(self, batch_size: int, seq_len: int) -> dict[str, torch.Tensor]:
+        return dict(labels=torch.zeros(batch_size, seq_len, dtype=torch.long))
 
     def model_kwargs(self, labels: list[str] | None) -> dict:
         if labels is None:
