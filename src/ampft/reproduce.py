@@ -25,7 +25,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from ampft.data.load import extra_split_names
-from ampft.errors import exit_on_error
+from ampft.errors import ConfigError, exit_on_error
 from ampft.launch import compose
 from ampft.tasks import family_for
 
@@ -38,20 +38,20 @@ def _budget(argv: list[str]) -> tuple[dict[str, float], list[str]]:
             try:
                 budget[key] = int(value) if key == "steps" else float(value)
             except ValueError:
-                raise SystemExit(f"error: {arg}: give a number, e.g. steps=200 or minutes=10") from None
+                raise ConfigError([f"{arg}: give a number, e.g. steps=200 or minutes=10"]) from None
             if budget[key] <= 0:
-                raise SystemExit(f"error: {arg}: the budget must be positive")
+                raise ConfigError([f"{arg}: the budget must be positive"])
         else:
             rest.append(arg)
     if not budget:
-        raise SystemExit("error: give a budget: steps=N (optimizer steps) and/or minutes=M (training time)")
+        raise ConfigError(["give a budget: steps=N (optimizer steps) and/or minutes=M (training time)"])
     return budget, rest
 
 
 def _experiment(overrides: list[str]) -> str:
     names = [o.split("=", 1)[1] for o in overrides if o.startswith(("experiment=", "+experiment="))]
     if not names:
-        raise SystemExit("error: name a paper recipe: experiment=<one of conf/experiment/, e.g. sst2-bert-base>")
+        raise ConfigError(["name a paper recipe: experiment=<one of conf/experiment/, e.g. sst2-bert-base>"])
     return names[-1]
 
 
@@ -127,8 +127,8 @@ def main(argv: list[str]) -> None:
     experiment = _experiment(overrides)
     recipe = compose([f"experiment={experiment}"])
     if not recipe.published.scores:
-        raise SystemExit(f"error: experiment={experiment} has no published scores (its `published:` block) to "
-                         "compare with; choose a paper recipe from conf/experiment/")
+        raise ConfigError([f"experiment={experiment} has no published scores (its `published:` block) to compare "
+                           "with; choose a paper recipe from conf/experiment/"])
     runs = [o.split("=", 1)[1] for o in overrides if o.startswith("hydra.run.dir=")]
     run_dir = Path(runs[-1] if runs else f"runs/reproduce/{experiment}/{time.strftime('%Y-%m-%d_%H-%M-%S')}")
     overrides = [o for o in overrides if not o.startswith("hydra.run.dir=")]

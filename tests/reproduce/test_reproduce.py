@@ -9,6 +9,7 @@ import sys
 import pytest
 from omegaconf import OmegaConf
 
+from ampft.errors import ConfigError
 from ampft.reproduce import _budget, report
 from tests.helpers import CONF, ROOT, TINY, compose_config, shared
 
@@ -67,12 +68,15 @@ def test_minutes_budget_stops_training_when_the_time_is_up(tmp_path):
 
 
 def test_budget_and_experiment_are_required():
-    with pytest.raises(SystemExit, match="give a budget"):
+    with pytest.raises(ConfigError, match="give a budget"):
         _budget(["experiment=sst2-bert-base"])
-    with pytest.raises(SystemExit, match="steps=-3"):
+    with pytest.raises(ConfigError, match="steps=-3"):
         _budget(["steps=-3"])
     proc = _make("steps=5")
-    assert proc.returncode != 0 and "experiment=" in proc.stderr
+    assert proc.returncode != 0 and "name a paper recipe: experiment=" in proc.stderr
+    direct = subprocess.run([sys.executable, "-m", "ampft.reproduce", "steps=5"], cwd=ROOT, capture_output=True,
+                            text=True)
+    assert direct.returncode == 2 and "error: 1 problem(s) in the config" in direct.stderr  # a config error's code
 
 
 def test_report_marks_a_metric_the_run_did_not_produce():
