@@ -258,7 +258,7 @@ class TrainerConfig:
     # (docs/benchmarks/README.md, three seeds); fewer: more random, more padding.
     length_group_size: int = 8
     padding: Padding = Padding.longest
-    pad_to_multiple_of: int | None = None  # null: 8 under fp16/bf16 (Tensor Core shapes), else 1
+    pad_to_multiple_of: int | None = None  # null: 8 under fp16/bf16 on CUDA (Tensor Core shapes), else 1
     # torch.compile the model; sequence lengths are bucketed to bound recompiles. Pays off only for long runs
     # (docs/benchmarks/peer-sst2).
     compile: bool = False

@@ -433,25 +433,27 @@ def _loaders(compose, tmp_path, tokenizer, *overrides):
     return cfg, data, *build_dataloaders(cfg, data, tokenizer, torch.device("cpu"))
 
 
+@pytest.mark.parametrize("multiple", [None, 8])
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_batches_are_padded_dynamically(compose, tmp_path, tokenizer, precision):
-    _, data, train_dl, eval_dl = _loaders(compose, tmp_path, tokenizer, f"precision={precision}")
+def test_batches_are_padded_dynamically(compose, tmp_path, tokenizer, precision, multiple):
+    _, data, train_dl, eval_dl = _loaders(compose, tmp_path, tokenizer, f"precision={precision}",
+                                          f"trainer.pad_to_multiple_of={multiple or 'null'}")
     widths = []
     for dl in (train_dl, eval_dl):
         for batch in dl:
             assert set(batch) == {"input_ids", "attention_mask", "token_type_ids", "labels"}  # no `length`
             longest = int(batch["attention_mask"].sum(dim=1).max())
             width = batch["input_ids"].shape[1]
-            if precision == "bf16":
+            if multiple:
                 assert width == 8 * math.ceil(longest / 8)  # Tensor Core friendly
             else:
-                assert width == longest  # padded to the longest row, no further
+                assert width == longest  # padded to the longest row, no further (bf16 too, on a CPU)
             assert batch["attention_mask"].shape == batch["input_ids"].shape
             # padding is [PAD] with mask 0
             assert (batch["input_ids"][batch["attention_mask"] == 0] == tokenizer.pad_token_id).all()
             widths.append(width)
     assert max(widths) <= 64 and min(widths) < 64  # per batch, not to task.max_length
-    if precision == "fp32":  # (under bf16 every batch may round up to the same multiple of 8)
+    if not multiple:  # (rounded up, every batch may have the same multiple of 8)
         assert len(set(widths)) > 1 and any(w % 8 for w in widths)
 
 
@@ -527,22 +529,29 @@ def test_without_group_by_length_the_sampler_is_random(compose, tmp_path, tokeni
     assert isinstance(train_dl.sampler, torch.utils.data.RandomSampler)
 
 
-@pytest.mark.parametrize(("overrides", "expected"), [
-    ([], dict(padding="longest", max_length=None, pad_to_multiple_of=None)),
-    (["precision=bf16"], dict(padding="longest", max_length=None, pad_to_multiple_of=8)),
-    (["precision=fp16", "trainer.pad_to_multiple_of=16"], dict(padding="longest", max_length=None,
-                                                               pad_to_multiple_of=16)),
-    (["trainer.pad_to_multiple_of=1"], dict(padding="longest", max_length=None, pad_to_multiple_of=None)),
+@pytest.mark.parametrize(("overrides", "device", "expected"), [
+    ([], "cpu", dict(padding="longest", max_length=None, pad_to_multiple_of=None)),
+    # Multiples of 8 are Tensor Core shapes: on CUDA under fp16/bf16 only; on a CPU they are extra tokens.
+    (["precision=bf16"], "cuda", dict(padding="longest", max_length=None, pad_to_multiple_of=8)),
+    (["precision=fp16"], "cuda", dict(padding="longest", max_length=None, pad_to_multiple_of=8)),
+    (["precision=bf16"], "cpu", dict(padding="longest", max_length=None, pad_to_multiple_of=None)),
+    (["precision=tf32"], "cuda", dict(padding="longest", max_length=None, pad_to_multiple_of=None)),
+    (["precision=bf16", "trainer.pad_to_multiple_of=8"], "cpu", dict(padding="longest", max_length=None,
+                                                                      pad_to_multiple_of=8)),
+    (["precision=fp16", "trainer.pad_to_multiple_of=16"], "cuda", dict(padding="longest", max_length=None,
+                                                                       pad_to_multiple_of=16)),
+    (["precision=bf16", "trainer.pad_to_multiple_of=1"], "cuda", dict(padding="longest", max_length=None,
+                                                                      pad_to_multiple_of=None)),
     # torch.compile: at most compile_buckets lengths (128 / 8 = 16), whatever the precision wants
-    (["trainer.compile=true"], dict(padding="longest", max_length=None, pad_to_multiple_of=16)),
-    (["trainer.compile=true", "trainer.compile_buckets=3", "task.max_length=100"],
+    (["trainer.compile=true"], "cpu", dict(padding="longest", max_length=None, pad_to_multiple_of=16)),
+    (["trainer.compile=true", "trainer.compile_buckets=3", "task.max_length=100"], "cpu",
      dict(padding="longest", max_length=None, pad_to_multiple_of=40)),
-    (["trainer.padding=max_length", "precision=bf16"], dict(padding="max_length", max_length=128,
-                                                            pad_to_multiple_of=None)),
+    (["trainer.padding=max_length", "precision=bf16"], "cuda", dict(padding="max_length", max_length=128,
+                                                                    pad_to_multiple_of=None)),
 ])
-def test_padding_settings(compose, tmp_path, tokenizer, overrides, expected):
+def test_padding_settings(compose, tmp_path, tokenizer, overrides, device, expected):
     cfg = _cfg(compose, tmp_path, "task.max_length=128", *overrides)
-    assert padding(cfg, tokenizer) == expected
+    assert padding(cfg, tokenizer, torch.device(device)) == expected
 
 
 def test_compile_buckets_bound_the_padded_lengths(compose, tmp_path, tokenizer):

@@ -159,17 +159,20 @@ def model_columns(candidates: tuple[str, ...], available: list[str], model=None)
     return columns
 
 
-def padding(cfg: DictConfig, tokenizer: PreTrainedTokenizerBase) -> dict:
+def padding(cfg: DictConfig, tokenizer: PreTrainedTokenizerBase, device: torch.device) -> dict:
     """The collators' padding arguments (DataCollatorWithPadding's `padding`, `max_length`, `pad_to_multiple_of`).
 
-    Dynamic padding rounds each batch up to a multiple: trainer.pad_to_multiple_of, else 8 under fp16/bf16
-    (Tensor Core shapes). Under torch.compile the multiple is task.max_length / trainer.compile_buckets (a
-    multiple of 8), so there are at most that many sequence lengths and as many compilations. Left-padding
-    tokenizers get no rounding: their NER/QA features are padded to task.max_length at tokenization."""
+    Dynamic padding rounds each batch up to a multiple: trainer.pad_to_multiple_of, else 8 under fp16/bf16 on
+    CUDA (Tensor Core shapes) and 1 elsewhere: a CPU has no such shapes, and the extra tokens are extra work
+    (bf16 on SST-2: docs/benchmarks/peer-sst2-bf16). Under torch.compile the multiple is task.max_length /
+    trainer.compile_buckets (a multiple of 8), so there are at most that many sequence lengths and as many
+    compilations. Left-padding tokenizers get no rounding: their NER/QA features are padded to
+    task.max_length at tokenization."""
     tr, max_length = cfg.trainer, cfg.task.max_length
     if tr.padding == Padding.max_length:
         return dict(padding="max_length", max_length=max_length, pad_to_multiple_of=None)
-    multiple = tr.pad_to_multiple_of or (8 if cfg.precision.name in (Precision.fp16, Precision.bf16) else 1)
+    tensor_cores = device.type == "cuda" and cfg.precision.name in (Precision.fp16, Precision.bf16)
+    multiple = tr.pad_to_multiple_of or (8 if tensor_cores else 1)
     if tr.compile:
         multiple = max(multiple, 8 * math.ceil(max_length / tr.compile_buckets / 8))
     if tokenizer.padding_side != "right" or multiple == 1:
@@ -185,9 +188,10 @@ def num_workers(cfg: DictConfig, device: torch.device) -> int:
     return 2 if device.type == "cuda" else 0
 
 
-def _loader_parts(cfg: DictConfig, data: TaskData, tokenizer: PreTrainedTokenizerBase, model):
+def _loader_parts(cfg: DictConfig, data: TaskData, tokenizer: PreTrainedTokenizerBase, device: torch.device,
+                  model):
     family = data.family
-    return (family.collator(tokenizer, **padding(cfg, tokenizer)),
+    return (family.collator(tokenizer, **padding(cfg, tokenizer, device)),
             model_columns(family.model_inputs, data.train.column_names, model))
 
 
@@ -201,7 +205,7 @@ def eval_dataloader(cfg: DictConfig, data: TaskData, dataset: Dataset, tokenizer
                     device: torch.device, model=None) -> DataLoader:
     """A validation split's loader, in the split's order (length order under trainer.group_by_length, see
     `prepare_data`); model inputs only (NER/QA keep word_ids, offsets in `dataset`)."""
-    collate, columns = _loader_parts(cfg, data, tokenizer, model)
+    collate, columns = _loader_parts(cfg, data, tokenizer, device, model)
     tr = cfg.trainer
     return DataLoader(dataset.select_columns(columns), batch_size=tr.eval_batch_size or 2 * tr.batch_size,
                       collate_fn=collate, **_loader_kwargs(cfg, device))
@@ -216,7 +220,7 @@ def build_dataloaders(cfg: DictConfig, data: TaskData, tokenizer: PreTrainedToke
     consecutive batches to the ranks in turn, so each optimizer step sees one group, the same examples as
     one process with the whole global batch would."""
     tr = cfg.trainer
-    collate, columns = _loader_parts(cfg, data, tokenizer, model)
+    collate, columns = _loader_parts(cfg, data, tokenizer, device, model)
     train = data.train.select_columns(columns)
     if tr.group_by_length:
         sampler = LengthGroupedSampler(data.train["length"][:], tr.batch_size * num_processes, tr.seed,
