@@ -111,6 +111,7 @@ class StepResult:
     synced: bool  # the last micro-batch of an accumulation: the optimizer step was attempted
     skipped: bool  # that step was skipped by the fp16 loss scaler (overflow): no update, no scheduler step
     grad_norm: torch.Tensor | None  # computed when clipping, or when asked for; else None
+    lr: float | None = None  # the learning rate the applied update used (None: no update applied)
 
 
 def train_step(acc: Accelerator, model: torch.nn.Module, optimizer, scheduler, batch: dict,
@@ -134,9 +135,11 @@ def train_step(acc: Accelerator, model: torch.nn.Module, optimizer, scheduler, b
         optimizer.zero_grad(set_to_none=True)
     synced = acc.sync_gradients
     skipped = synced and optimizer.step_was_skipped
+    lr = None
     if synced and not skipped:
+        lr = scheduler.get_last_lr()[0]
         scheduler.step()
-    return StepResult(loss.detach(), synced, skipped, grad_norm)
+    return StepResult(loss.detach(), synced, skipped, grad_norm, lr)
 
 
 class Meters:
@@ -282,7 +285,7 @@ def fit(training: Training) -> TrainState:
 class LossWindow:
     """The micro-batch losses since the last logging point, summed on the device, and the optimizer steps the
     loss scaler skipped in that window; also the newest gradient norm (kept across windows: without clipping
-    only the steps that are logged compute one)."""
+    only the steps that are logged compute one) and the learning rate of the newest applied update."""
 
     def __init__(self, acc: Accelerator):
         self.acc = acc
@@ -290,12 +293,15 @@ class LossWindow:
         self.batches = 0
         self.skipped = 0
         self.grad_norm: torch.Tensor | None = None
+        self.lr: float | None = None
 
     def add(self, step: StepResult) -> None:
         self.loss += step.loss.float()
         self.batches += 1
         if step.grad_norm is not None:
             self.grad_norm = step.grad_norm
+        if step.lr is not None:
+            self.lr = step.lr
 
     def close(self, st: TrainState) -> None:
         """Fold the window's losses into the state (the host sync for the loss) and start a new window."""
@@ -395,7 +401,7 @@ class TrainingLoop:
         window.close(st)
         values = dict(
             loss=st.last_loss,
-            lr=t.scheduler.get_last_lr()[0],
+            lr=window.lr,  # the logged step's, as the Trainer logs it (not the next step's)
             epoch=st.epoch + st.batch_in_epoch / len(t.train_dl),
             samples_per_second=st.samples / max(st.train_seconds, 1e-9),
             tokens_per_second=st.tokens / max(st.train_seconds, 1e-9),
