@@ -248,3 +248,48 @@ def test_bf16_arms_give_each_sides_gain_and_ampft_over_trainer_per_precision(tmp
     assert "| device | NVIDIA H200 (141 GiB, compute capability 9.0) |" in md
     assert "| host CPU | AMD EPYC 9B14 (2 cores) |" in md and "| CPU features | avx2, avx512f |" in md
     assert "native bf16 arithmetic" not in md
+
+
+@pytest.mark.slow
+def test_with_random_batches_and_no_dropout_ampft_trains_exactly_as_the_trainer(tmp_path):
+    """The Trainer as the oracle for ampft's training maths: with the batches the Trainer would draw (random,
+    padded to the longest row) and no dropout (whose random stream differs), every logged loss and the
+    evaluation are the Trainer's, in fp32 and in bf16, so the schedule, weight-decay groups, AdamW, clipping,
+    data order and initialisation agree. Both arms are profiled the same way: the profile says where the step
+    went and counts the tokens of the recorded steps."""
+    train, dev = shared("sst2", "train_first1000.tsv"), shared("sst2", "dev.tsv")
+    common = ["model=tiny-bert", "+model.arch.hidden_dropout_prob=0.0", "+model.arch.attention_probs_dropout_prob=0.0",
+              "task=sst2", f"task.train_file={train}", f"task.validation_file={dev}", "task.max_train_samples=160",
+              "task.max_eval_samples=64", "task.max_length=64", "trainer.batch_size=16", "trainer.epochs=1",
+              "trainer.log_every=1", "optim.lr=1e-3", "scheduler.warmup_ratio=0.2", "trainer.cpu=true",
+              "trainer.group_by_length=false", "logging=none", "trainer.progress_bar=false", "checkpoint.export=false"]
+    p = compose_peer(["peer.overrides=[" + ",".join(f'"{o}"' for o in common) + "]", "peer.profile_steps=3",
+                      "peer.targets=[]", "peer.accuracy_reference=[]",
+                      'peer.arms=[{name: trainer, runner: trainer}, {name: ampft, runner: ampft},'
+                      '{name: trainer-bf16, runner: trainer, overrides: ["precision=bf16"]},'
+                      '{name: ampft-bf16, runner: ampft, overrides: ["precision=bf16"]}]'])
+    path = run_peer(p, tmp_path, command="test")
+    runs = {r["arm"]: r for r in json.loads((tmp_path / "results.json").read_text())["runs"]}
+    for trainer, ampft in (("trainer", "ampft"), ("trainer-bf16", "ampft-bf16")):
+        t, a = runs[trainer], runs[ampft]
+        assert [s for s, _, _ in a["train_log"]] == list(range(1, 11)) == [s for s, _, _ in t["train_log"]]
+        assert [x for _, x, _ in a["train_log"]] == pytest.approx([x for _, x, _ in t["train_log"]], rel=1e-6,
+                                                                  abs=1e-7), ampft
+        assert [lr for _, _, lr in a["train_log"]] == pytest.approx([lr for _, _, lr in t["train_log"]], rel=1e-9)
+        assert a["eval"]["loss"] == pytest.approx(t["eval"]["loss"], rel=1e-5), ampft
+        assert a["eval"]["accuracy"] == t["eval"]["accuracy"], ampft
+    assert runs["ampft-bf16"]["train_log"] != runs["ampft"]["train_log"]  # bf16 really ran
+    lrs = [lr for _, _, lr in runs["ampft"]["train_log"]]
+    assert lrs[0] == 0.0 and max(lrs) == pytest.approx(1e-3) and lrs[-1] > 0  # warm-up from 0; the last step's lr
+    md = path.read_text()
+    assert "## Where a step's time goes (torch.profiler)" in md
+    for name, r in runs.items():
+        prof = r["profile"]
+        assert prof["steps"] == 3 and (tmp_path / f"{name}-seed42" / "profile.txt").is_file(), name
+        assert prof["real_tokens_per_step"] <= prof["padded_tokens_per_step"] <= 16 * 64, name
+        assert prof["categories"]["matmul"] > 0 and prof["categories"]["optimizer"] > 0, name
+        assert prof["ms_per_step"] == pytest.approx(sum(prof["categories"].values()))
+    # The same batches on both sides: the same tokens in the recorded steps (fp32 and bf16: no rounding on a CPU).
+    assert len({(r["profile"]["padded_tokens_per_step"], r["profile"]["real_tokens_per_step"])
+                for r in runs.values()}) == 1
+    assert "dtype casts" in runs["ampft-bf16"]["profile"]["categories"]

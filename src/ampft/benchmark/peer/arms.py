@@ -5,9 +5,14 @@ measurements as JSON to OUT.
 - `run_trainer`: a run_glue-style script. `transformers.Trainer` with the same model weights, examples
   (ampft's loader, so `task.max_train_samples` etc. apply alike), batch size, learning rate, epochs,
   warm-up, weight decay, gradient clipping, seed and precision. It honours `trainer.padding`
-  (max_length: run_glue's default `pad_to_max_length`; longest: `DataCollatorWithPadding`),
-  `trainer.group_by_length` and `trainer.compile`; everything else is the Trainer's default.
+  (max_length: run_glue's default `pad_to_max_length`; longest: `DataCollatorWithPadding`, rounded up to
+  a multiple of 8 under fp16 only, as run_glue does), `trainer.group_by_length` and `trainer.compile`;
+  everything else is the Trainer's default.
 - `run_ampft`: `ampft.finetune.run` with the arm's finetune config.
+
+Both return their training log (`train_log`: [optimizer step, mean loss since the last log, the step's
+learning rate], every `trainer.log_every` steps on both sides), and with `profile_steps` in the spec a torch.profiler window
+(`profile.StepProfiler`: profile.txt in the arm's directory, its summary under `profile`).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from ampft.benchmark.peer.config import Runner
+from ampft.benchmark.peer.profile import StepProfiler
 from ampft.config import FinetuneConfig, Padding, Precision
 from ampft.finetune import run
 from ampft.models import build_model, load_tokenizer
@@ -34,7 +40,8 @@ def run_ampft(cfg: DictConfig, out_dir: Path) -> dict:
     return dict(
         samples_per_second=s["train_samples_per_second"], tokens_per_second=s["train_tokens_per_second"],
         train_seconds=s["train_seconds"], setup_seconds=s["setup_seconds"], steps=s["steps"],
-        epochs=s["epochs"], eval=s["eval"],
+        epochs=s["epochs"], eval=s["eval"], train_log=[[m["step"], m["loss"], m["lr"]] for m in map(
+            json.loads, (out_dir / "run" / "metrics.jsonl").read_text().splitlines()) if m["event"] == "train"],
         attn_implementation=s["attn_implementation"], device=s["device"], precision=s["precision"],
         peak_memory_bytes=s["peak_memory_bytes"], peak_memory_kind=s["peak_memory_kind"],
     )
@@ -65,8 +72,9 @@ def run_trainer(cfg: DictConfig, out_dir: Path) -> dict:
 
     data = {s: raw[s].map(preprocess, batched=True) for s in ("train", "validation")}
     mixed = cfg.precision.name in (Precision.fp16, Precision.bf16)
+    fp16 = cfg.precision.name == Precision.fp16  # run_glue rounds to multiples of 8 under --fp16 only
     collator = default_data_collator if pad else DataCollatorWithPadding(tokenizer,
-                                                                         pad_to_multiple_of=8 if mixed else None)
+                                                                         pad_to_multiple_of=8 if fp16 else None)
     cpu = tr.cpu or not torch.cuda.is_available()
     args = TrainingArguments(
         output_dir=str(out_dir / "trainer"), per_device_train_batch_size=tr.batch_size,
@@ -98,6 +106,7 @@ def run_trainer(cfg: DictConfig, out_dir: Path) -> dict:
         samples_per_second=train["train_samples_per_second"], tokens_per_second=tokens / train["train_runtime"],
         train_seconds=train["train_runtime"], setup_seconds=setup_seconds, steps=trainer.state.global_step,
         epochs=epochs, eval={k.removeprefix("eval_"): v for k, v in ev.items() if k in ("eval_accuracy", "eval_loss")},
+        train_log=[[h["step"], h["loss"], h["learning_rate"]] for h in trainer.state.log_history if "loss" in h],
         attn_implementation=model.config._attn_implementation, device=str(device),
         precision=cfg.precision.name.value, peak_memory_bytes=peak, peak_memory_kind=peak_kind,
     )
@@ -109,5 +118,11 @@ def main(spec_path: str, out_path: str) -> None:
     spec = json.loads(Path(spec_path).read_text())
     cfg = OmegaConf.merge(OmegaConf.structured(FinetuneConfig), OmegaConf.create(spec["cfg"]))
     out_dir = Path(spec["out_dir"])
-    result = (run_trainer if Runner(spec["runner"]) == Runner.trainer else run_ampft)(cfg, out_dir)
+    train = run_trainer if Runner(spec["runner"]) == Runner.trainer else run_ampft
+    if spec.get("profile_steps"):
+        with StepProfiler(spec["profile_steps"]) as prof:
+            result = train(cfg, out_dir)
+        result["profile"] = prof.save(out_dir)
+    else:
+        result = train(cfg, out_dir)
     Path(out_path).write_text(json.dumps(result, indent=1, default=str))

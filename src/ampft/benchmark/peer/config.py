@@ -50,6 +50,9 @@ class PeerConfig:
     accuracy_tolerance: float = 1.0  # points of task.main_metric (fractions x 100) every arm may differ by
     accuracy_reference: list[str] = field(default_factory=list)  # arms the others' metric is compared with
     peak_tflops: float | None = None  # the device's dense peak for the precision run; null: known GPUs only
+    # > 0: torch.profiler over this many training steps of every arm (after 7 unrecorded ones), the same
+    # hook for both runners; the report compares where a step's time goes. 0: no profiling (it slows a run).
+    profile_steps: int = 0
 
 
 ConfigStore.instance().store(
@@ -78,6 +81,8 @@ def check(p: DictConfig, conf_dir: Path = CONF_DIR) -> dict[str, DictConfig]:
             problems.append(f"peer.targets[{i}]: {t.arm} over {t.over}: both must be arms ({names})")
         if t.min_ratio <= 0:
             problems.append(f"peer.targets[{i}].min_ratio={t.min_ratio}: must be > 0")
+    if p.profile_steps < 0:
+        problems.append(f"peer.profile_steps={p.profile_steps}: give 0 (no profiling) or a number of steps, e.g. 20")
     if unknown := [a for a in p.accuracy_reference if a not in names]:
         problems.append(f"peer.accuracy_reference has {unknown}: not arms ({names})")
     cfgs: dict[str, DictConfig] = {}

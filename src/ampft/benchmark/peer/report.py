@@ -63,6 +63,7 @@ def render(results: dict) -> str:
                   f"TFLOP/s ({first['peak_tflops_source']}).") if mfus else f"MFU: {first['peak_tflops_source']}."),
               ""]
     lines += _precision_section(results)
+    lines += _profile_section(results)
     lines += ["## Targets", ""]
     for t in results["targets"]:
         lines.append(f"- {t['arm']} at least {t['min_ratio']:g}x the samples/s of {t['over']}: measured "
@@ -125,6 +126,35 @@ def _precision_section(results: dict) -> list[str]:
                      f"This CPU has no native {prec} arithmetic (no {native}): its {prec} gains say little about a "
                      "CPU that has it.") + " The CPU's model and flags: Hardware and software, below.", ""]
     return out
+
+
+def _profile_section(results: dict) -> list[str]:
+    """Where a step's time goes, per arm (peer.profile_steps): self time by op category, per step and per
+    1,000 real tokens, and each arm's top ops; empty without profiles."""
+    profiled = {n: a["profile"] for n, a in results["arms"].items() if a.get("profile")}
+    if not profiled:
+        return []
+    first = next(iter(profiled.values()))
+    cats = list(dict.fromkeys(c for p in profiled.values() for c in p["categories"]))
+    names = list(profiled)
+    rows = [["padded tokens / step", *(f"{p['padded_tokens_per_step']:.0f}" for p in profiled.values())],
+            ["real tokens / step", *(f"{p['real_tokens_per_step']:.0f}" for p in profiled.values())],
+            ["padding share", *(f"{1 - p['real_tokens_per_step'] / p['padded_tokens_per_step']:.0%}"
+                                for p in profiled.values())],
+            ["**ms / step**", *(f"**{p['ms_per_step']:.1f}**" for p in profiled.values())],
+            ["**ms / 1k real tokens**", *(f"**{p['ms_per_1k_real_tokens']:.1f}**" for p in profiled.values())]]
+    rows += [[f"{c} (ms / step)", *(f"{p['categories'].get(c, 0.0):.1f}" for p in profiled.values())] for c in cats]
+    out = ["## Where a step's time goes (torch.profiler)", "",
+           f"{first['steps']} training steps per arm (the first seed's run, after 7 unrecorded steps), profiled "
+           f"the same way for both runners: a global optimizer-step hook advances the profiler, so a step is "
+           f"data loading, forward, backward, clipping, optimizer, scheduler and zero_grad. Time is "
+           f"{first['clock']} by op, summed into categories by op name (`ampft.benchmark.peer.profile`); "
+           "each arm's full table is profile.txt in its directory.", ""]
+    out += table(["", *names], rows, align="l" + "r" * len(names)) + [""]
+    for name, p in profiled.items():
+        key = "gpu_ms" if p["top"] and p["top"][0]["gpu_ms"] is not None else "cpu_ms"
+        out.append(f"- {name}: " + ", ".join(f"{o['op']} {o[key]:.1f} ms ({o['calls']:g}x)" for o in p["top"][:6]))
+    return out + [""]
 
 
 def write_report(results: dict, out_dir: Path) -> Path:

@@ -47,6 +47,7 @@ def summarize(p: DictConfig, cfgs: dict[str, DictConfig], runs: list[dict], env:
             padding=cfg.trainer.padding.value, group_by_length=bool(cfg.trainer.group_by_length),
             compile=bool(cfg.trainer.compile), steps=rs[0]["steps"], train_examples=rs[0]["train_examples"],
             other_load=max((r["other_load"] or 0.0) for r in rs),
+            profile=next((r["profile"] for r in rs if (r.get("profile") or {}).get("steps")), None),
         )
     trainers = [n for n, a in arms.items() if a["runner"] == Runner.trainer.value]
     for a in arms.values():  # against the Trainer arms of the same precision

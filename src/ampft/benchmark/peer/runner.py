@@ -42,7 +42,8 @@ def run_peer(p: DictConfig, out_dir: str | Path, command: str | None = None) -> 
             cfg = OmegaConf.merge(cfgs[arm.name], {"trainer": {"seed": seed}})
             log.info("arm %s (%s), seed %d", arm.name, Runner(arm.runner).value, seed)
             runs.append(dict(arm=arm.name, runner=Runner(arm.runner).value, seed=seed,
-                             overrides=list(arm.overrides), **_run_arm(arm, cfg, out_dir / f"{arm.name}-seed{seed}")))
+                             overrides=list(arm.overrides),
+                             **_run_arm(arm, cfg, out_dir / f"{arm.name}-seed{seed}", p.profile_steps)))
             r = runs[-1]
             log.info("  %.1f samples/s, %.1f s training, %.1f s wall, %s", r["samples_per_second"],
                      r["train_seconds"], r["wall_seconds"], r["eval"])
@@ -84,7 +85,7 @@ def epoch_flops(cfg: DictConfig) -> tuple[int, float]:
     return len(lengths), float(training_flops(model, lengths))
 
 
-def _run_arm(arm: DictConfig, cfg: DictConfig, arm_dir: Path) -> dict:
+def _run_arm(arm: DictConfig, cfg: DictConfig, arm_dir: Path, profile_steps: int = 0) -> dict:
     """The parent's side of the protocol: spec.json in, result.json out (`arms.main`), timed from outside."""
 
     arm_dir.mkdir(parents=True, exist_ok=True)
@@ -92,7 +93,8 @@ def _run_arm(arm: DictConfig, cfg: DictConfig, arm_dir: Path) -> dict:
         plain = to_plain(cfg)
         plain["cache_dir"] = cache  # a cold tokenization cache: ampft pays for tokenizing, as the Trainer does
         spec = arm_dir / "spec.json"
-        spec.write_text(json.dumps(dict(runner=Runner(arm.runner).value, cfg=plain, out_dir=str(arm_dir))))
+        spec.write_text(json.dumps(dict(runner=Runner(arm.runner).value, cfg=plain, out_dir=str(arm_dir),
+                                        profile_steps=profile_steps)))
         out = arm_dir / "result.json"
         env = dict(os.environ, HF_DATASETS_CACHE=str(Path(cache) / "datasets"), TOKENIZERS_PARALLELISM="false")
         with OtherLoad() as load:
