@@ -293,3 +293,32 @@ def test_with_random_batches_and_no_dropout_ampft_trains_exactly_as_the_trainer(
     assert len({(r["profile"]["padded_tokens_per_step"], r["profile"]["real_tokens_per_step"])
                 for r in runs.values()}) == 1
     assert "dtype casts" in runs["ampft-bf16"]["profile"]["categories"]
+
+
+def test_a_stopped_benchmark_keeps_a_report_of_the_seeds_it_finished(tmp_path, monkeypatch):
+    """results.json and report.md are rewritten after every seed: a benchmark killed during seed 2 (here: an
+    arm that raises) leaves the report over seed 1, marked partial, and rerender reproduces it."""
+    from ampft.benchmark.peer import runner
+
+    p = compose_peer(['peer.overrides=["model=tiny-bert"]', "peer.seeds=[1,2,3]", "peer.targets=[]",
+                      "peer.accuracy_reference=[trainer]",
+                      'peer.arms=[{name: trainer, runner: trainer}, {name: ampft, runner: ampft}]'])
+
+    def fake_arm(arm, cfg, arm_dir, profile_steps=0):
+        if cfg.trainer.seed == 2 and arm.name == "ampft":
+            raise KeyboardInterrupt
+        run = _run(arm.name, 10.0 if arm.name == "trainer" else 30.0, 0.8)
+        return {k: v for k, v in run.items() if k not in ("arm", "train_examples", "model_tflops")}
+
+    monkeypatch.setattr(runner, "_run_arm", fake_arm)
+    monkeypatch.setattr(runner, "epoch_flops", lambda cfg: (320, 1e12))
+    with pytest.raises(KeyboardInterrupt):
+        run_peer(p, tmp_path, command="test")
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["setup"]["seeds"] == [1] and results["seeds_requested"] == [1, 2, 3]
+    assert [(r["arm"], r["seed"]) for r in results["runs"]] == [("trainer", 1), ("ampft", 1)]
+    assert results["arms"]["ampft"]["speedup"] == {"trainer": 3.0}
+    md = (tmp_path / "report.md").read_text()
+    assert "**Partial**: seeds [1] of the [1, 2, 3] asked for" in md
+    (tmp_path / "report.md").unlink()
+    assert rerender(tmp_path).read_text() == md

@@ -34,6 +34,10 @@ def render(results: dict) -> str:
         f"Command: `{results['command'] or 'run_peer(...)'}`",
         "",
     ]
+    if len(results.get("seeds_requested") or setup["seeds"]) > len(setup["seeds"]):
+        lines += [f"**Partial**: seeds {setup['seeds']} of the {results['seeds_requested']} asked for were measured "
+                  "when this report was written (it is rewritten after every seed; the benchmark stopped or "
+                  "was still running).", ""]
     rows = []
     for name, a in arms.items():
         score = f"{a['metric']:.2f}" + ("" if a["metric_std"] is None else f" ± {a['metric_std']:.2f}")

@@ -1,5 +1,6 @@
-"""check → each arm × seed in its own process (`arms`, one at a time) → FLOPs over the non-padding tokens →
-`results.summarize` → results.json and report.md."""
+"""check → each arm × seed in its own process (`arms`, one at a time) → after every seed: FLOPs over the
+non-padding tokens → `results.summarize` → results.json and report.md (so a stopped benchmark keeps the seeds
+it finished)."""
 
 from __future__ import annotations
 
@@ -36,8 +37,9 @@ def run_peer(p: DictConfig, out_dir: str | Path, command: str | None = None) -> 
     out_dir.mkdir(parents=True, exist_ok=True)
     env = describe(torch.device("cuda" if torch.cuda.is_available() and not any(
         c.trainer.cpu for c in cfgs.values()) else "cpu"))
-    runs = []
-    for seed in p.seeds:
+    runs: list[dict] = []
+    flops: dict[str, tuple[int, float]] = {}
+    for done, seed in enumerate(p.seeds, start=1):
         for arm in p.arms:
             cfg = OmegaConf.merge(cfgs[arm.name], {"trainer": {"seed": seed}})
             log.info("arm %s (%s), seed %d", arm.name, Runner(arm.runner).value, seed)
@@ -47,8 +49,16 @@ def run_peer(p: DictConfig, out_dir: str | Path, command: str | None = None) -> 
             r = runs[-1]
             log.info("  %.1f samples/s, %.1f s training, %.1f s wall, %s", r["samples_per_second"],
                      r["train_seconds"], r["wall_seconds"], r["eval"])
-    flops: dict[str, tuple[int, float]] = {}
-    for r in runs:  # per distinct model/task/length settings, after the timed runs
+        # A report after every seed: a benchmark stopped later (killed, out of time) keeps what it measured.
+        path = _report(OmegaConf.merge(p, {"seeds": list(p.seeds)[:done]}), cfgs, runs, flops, env, command, out_dir,
+                       requested=list(p.seeds))
+        log.info("report over seed(s) %s: %s", list(p.seeds)[:done], path)
+    return path
+
+
+def _report(p: DictConfig, cfgs: dict[str, DictConfig], runs: list[dict], flops: dict, env: dict,
+            command: str | None, out_dir: Path, requested: list[int]) -> Path:
+    for r in runs:  # FLOPs per distinct model/task/length settings, between the timed runs
         cfg = cfgs[r["arm"]]
         key = json.dumps(OmegaConf.to_container(OmegaConf.masked_copy(cfg, ["model", "task"]), resolve=True),
                          sort_keys=True, default=str)
@@ -57,6 +67,7 @@ def run_peer(p: DictConfig, out_dir: str | Path, command: str | None = None) -> 
         r["train_examples"], per_epoch = flops[key]
         r["model_tflops"] = per_epoch * r["epochs"] / r["train_seconds"] / 1e12
     results = summarize(p, cfgs, runs, env, command)
+    results["seeds_requested"] = requested
     (out_dir / "results.json").write_text(json.dumps(results, indent=1, default=str))
     return write_report(results, out_dir)
 
@@ -67,6 +78,7 @@ def rerender(out_dir: str | Path) -> Path:
     old = json.loads((out_dir / "results.json").read_text())
     p = OmegaConf.merge(OmegaConf.structured(PeerConfig), old["config"])
     results = summarize(p, check(p), old["runs"], old["environment"], old["command"])
+    results["seeds_requested"] = old.get("seeds_requested", list(p.seeds))
     (out_dir / "results.json").write_text(json.dumps(results, indent=1, default=str))
     return write_report(results, out_dir)
 
