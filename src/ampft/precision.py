@@ -241,6 +241,12 @@ def preflight(cfg: DictConfig) -> tuple[list[str], list[str]]:
         errors.append(
             f"precision=bf16 but {gpu} has no bf16 support: use precision=fp16 (dynamic loss scaling)"
         )
+    if p.name == Precision.bf16 and not cuda and not cpu_half_support(cpu_flags())["bf16"]:
+        warnings.append(
+            "precision=bf16 on a CPU without AVX512-BF16 or AMX-BF16: its bf16 matrix products have no hardware "
+            f"path, so training runs many times slower than fp32 ({CPU_SPEED_DOC}). Use precision=fp32 on this "
+            "CPU; bf16 pays on a CPU with those flags or on a GPU."
+        )
     if p.name == Precision.tf32 and not (cuda and tf32_supported()):
         where = gpu or "CPU"
         warnings.append(f"precision=tf32: {where} has no TF32 tensor cores, so this runs as plain fp32")

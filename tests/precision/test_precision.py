@@ -182,3 +182,15 @@ def test_fp16_on_cpu_warning_names_what_decides_its_speed(compose, monkeypatch, 
         assert text in w
     assert "docs/benchmarks/README.md#fp16-and-bf16-speed-by-kind-of-cpu" in w and "precision=bf16" in w
     assert "0.92" not in w and "1.57" not in w  # measured figures live in the docs, per CPU
+
+
+@pytest.mark.parametrize("cpuinfo,warned", [(XEON, False), (EPYC, True)])
+def test_bf16_on_a_cpu_without_native_bf16_warns_that_it_is_slow(compose, monkeypatch, cpuinfo, warned):
+    flags = precision.cpu_flags(cpuinfo)
+    monkeypatch.setattr(precision, "cpu_flags", lambda cpuinfo=None: flags)
+    errors, warnings = precision.preflight(compose(["precision=bf16", "trainer.cpu=true"]))
+    slow = [w for w in warnings if w.startswith("precision=bf16 on a CPU without AVX512-BF16 or AMX-BF16")]
+    assert not errors and len(slow) == warned
+    if warned:
+        assert "precision=fp32" in slow[0] and "docs/benchmarks/README.md#fp16-and-bf16-speed-by-kind-of-cpu" in slow[0]
+    assert not any("precision=bf16 on a CPU" in w for w in precision.preflight(compose(["precision=fp32"]))[1])
