@@ -255,7 +255,7 @@ class TrainerConfig:
     # in length order too. Little padding on short-sentence tasks; false: plain random batches.
     group_by_length: bool = True
     # Batches per mega-batch sorted by length: over three SST-2 seeds 8 scored like random batches where 50
-    # (HF's choice) cost a point; a fourth seed left that open (docs/benchmarks/README.md). Fewer: more random,
+    # (HF's choice) cost a point; seeds 4-5 left that open (docs/benchmarks/README.md). Fewer: more random,
     # more padding.
     length_group_size: int = 8
     padding: Padding = Padding.longest
