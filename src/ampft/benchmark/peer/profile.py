@@ -46,7 +46,6 @@ class StepProfiler:
     """`with StepProfiler(steps) as p: <train>`; then `p.summary()` and `p.table()`."""
 
     def __init__(self, steps: int):
-        self.steps = steps
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
         self.prof = profile(activities=activities,
                             schedule=schedule(skip_first=SKIP, wait=0, warmup=WARMUP, active=steps, repeat=1))
@@ -95,8 +94,9 @@ class StepProfiler:
             gpu = getattr(e, "self_device_time_total", 0) / 1e3 / n if cuda else None
             if e.key.startswith("ProfilerStep"):
                 continue
-            by_cat[category(e.key)] = by_cat.get(category(e.key), 0.0) + (gpu if cuda else ms)
-            ops.append(dict(op=e.key, category=category(e.key), cpu_ms=ms, gpu_ms=gpu, calls=e.count / n))
+            cat = category(e.key)
+            by_cat[cat] = by_cat.get(cat, 0.0) + (gpu if cuda else ms)
+            ops.append(dict(op=e.key, category=cat, cpu_ms=ms, gpu_ms=gpu, calls=e.count / n))
         ops.sort(key=lambda o: -(o["gpu_ms"] if cuda else o["cpu_ms"]))
         total = sum(by_cat.values())
         return dict(steps=n, clock="CUDA kernel time" if cuda else "CPU self time", ms_per_step=total,

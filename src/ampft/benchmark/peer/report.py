@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ampft.benchmark.peer.config import Runner
+from ampft.benchmark.peer.profile import SKIP, WARMUP
 from ampft.benchmark.report import BUSY, hardware, table
 from ampft.precision import cpu_half_support
 
@@ -149,7 +150,7 @@ def _profile_section(results: dict) -> list[str]:
             ["**ms / 1k real tokens**", *(f"**{p['ms_per_1k_real_tokens']:.1f}**" for p in profiled.values())]]
     rows += [[f"{c} (ms / step)", *(f"{p['categories'].get(c, 0.0):.1f}" for p in profiled.values())] for c in cats]
     out = ["## Where a step's time goes (torch.profiler)", "",
-           f"{first['steps']} training steps per arm (the first seed's run, after 7 unrecorded steps), profiled "
+           f"{first['steps']} training steps per arm (the first seed's run, after {SKIP + WARMUP} unrecorded steps), profiled "
            f"the same way for both runners: a global optimizer-step hook advances the profiler, so a step is "
            f"data loading, forward, backward, clipping, optimizer, scheduler and zero_grad. Time is "
            f"{first['clock']} by op, summed into categories by op name (`ampft.benchmark.peer.profile`); "
