@@ -1,4 +1,4 @@
-"""Training FLOPs of an encoder, peak TFLOP/s of known devices, and MFU.
+"""Training FLOPs of an encoder, peak TFLOP/s of known devices (the table in `ampft.devices`), and MFU.
 
 Per token, one training step (forward + backward) of a Transformer encoder costs
 
@@ -18,33 +18,11 @@ MFU = achieved FLOP/s / dense peak FLOP/s of the precision that ran, on that dev
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 
 import torch
 
-# Dense (no structured sparsity) peak TFLOP/s from the vendors' datasheets. fp32: CUDA cores (what
-# `precision=fp32` with TF32 switched off uses); tf32/fp16/bf16: Tensor Cores. None: not supported.
-# Matched against torch.cuda.get_device_name() in order; the first pattern that matches wins.
-# Tensor Core figures on the datasheets are "with sparsity": halved here.
-# H200 (SXM and NVL): NVIDIA H200 Tensor Core GPU datasheet / nvidia.com/en-us/data-center/h200 ("H200 SXM"
-# and "H200 NVL" columns). torch names the SXM part "NVIDIA H200" and the PCIe card "NVIDIA H200 NVL".
-PEAK_TFLOPS: list[tuple[str, str, dict[str, float | None]]] = [
-    (r"H200.*NVL", "NVIDIA H200 NVL", dict(fp32=60.0, tf32=417.5, fp16=835.5, bf16=835.5)),
-    (r"H200", "NVIDIA H200 SXM", dict(fp32=67.0, tf32=494.5, fp16=989.5, bf16=989.5)),
-    (r"H100.*PCIe", "NVIDIA H100 PCIe", dict(fp32=51.0, tf32=378.0, fp16=756.0, bf16=756.0)),
-    (r"H100(?!.*NVL)", "NVIDIA H100 SXM", dict(fp32=67.0, tf32=494.5, fp16=989.5, bf16=989.5)),
-    (r"A100", "NVIDIA A100 (SXM4/PCIe, 40/80 GB)", dict(fp32=19.5, tf32=156.0, fp16=312.0, bf16=312.0)),
-    (r"V100S", "NVIDIA V100S PCIe", dict(fp32=16.4, tf32=None, fp16=130.0, bf16=None)),
-    (r"V100.*PCIE", "NVIDIA V100 PCIe", dict(fp32=14.0, tf32=None, fp16=112.0, bf16=None)),
-    (r"V100", "NVIDIA V100 SXM2", dict(fp32=15.7, tf32=None, fp16=125.0, bf16=None)),
-    (r"\bL4\b", "NVIDIA L4", dict(fp32=30.3, tf32=60.0, fp16=121.0, bf16=121.0)),
-    # A10G (AWS G5) has no public NVIDIA datasheet; these are the figures AWS/NVIDIA give for it.
-    (r"A10G", "NVIDIA A10G", dict(fp32=35.0, tf32=35.0, fp16=70.0, bf16=70.0)),
-]
-# H100 NVL runs at lower clocks than the SXM part and its datasheet figures changed between revisions:
-# unknown here rather than wrong (set benchmark.peak_tflops).
-_NOT_IN_TABLE = re.compile(r"H100.*NVL")
+from ampft.devices import for_cuda_name
 
 
 def nonembedding_params(model: torch.nn.Module) -> int:
@@ -90,12 +68,8 @@ def model_flops_per_token(model: torch.nn.Module, seq_len: int) -> dict[str, int
 
 def lookup_peak(device_name: str) -> tuple[str | None, dict[str, float | None]]:
     """(table entry, peaks per precision) for a CUDA device name; (None, {}) when unknown."""
-    if _NOT_IN_TABLE.search(device_name):
-        return None, {}
-    for pattern, label, peaks in PEAK_TFLOPS:
-        if re.search(pattern, device_name):
-            return label, dict(peaks)
-    return None, {}
+    device = for_cuda_name(device_name)
+    return (device.label, dict(device.tflops)) if device else (None, {})
 
 
 def peak_tflops(precision: str, device_type: str, device_name: str,

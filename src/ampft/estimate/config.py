@@ -18,7 +18,7 @@ from ampft.estimate.gpus import CHOICES
 
 @dataclass
 class EstimateConfig:
-    # The device: h200, h100-sxm, a100-80gb, a100-40gb, v100-32gb, l4, t4, rtx4090 (ampft.estimate.gpus), or cpu
+    # The device: a GPU of ampft.devices (h200, h100-sxm, a100-80gb, l4, t4, rtx4090, ...), or cpu
     # (this machine, its rates measured for a few seconds).
     gpu: str = "a100-80gb"
     # Precisions estimated side by side; null: all four. The composed `precision` group is marked in the report.

@@ -19,6 +19,7 @@ from ampft.benchmark.results import (
     TIME_CLAIM,
 )
 from ampft.config import Backend, Precision
+from ampft.devices import Device, for_cuda_name
 from ampft.estimate import gpus, memory
 from ampft.estimate import time as timing
 from ampft.estimate.config import check
@@ -117,7 +118,7 @@ def _verdict(ratio: float | None, claimed: float) -> str:
     return HOLDS if ratio <= claimed + SLACK else FAILS
 
 
-def verdicts(rows: dict, dev: gpus.Device, cfg: DictConfig) -> list[dict]:
+def verdicts(rows: dict, dev: Device, cfg: DictConfig) -> list[dict]:
     """Each seed claim, judged on the predictions for this device and recipe."""
     out = []
     base = rows.get("fp32")
@@ -235,9 +236,9 @@ def predict_arms(cfgs: dict[str, DictConfig], env: dict) -> dict[str, dict]:
     """For `make benchmark` reports: each speed arm's predicted step time (and peak allocated on a GPU) on the device
     the benchmark ran on, next to what it measured. An arm that cannot be predicted is left out, with a warning."""
     if env.get("device_type") == "cuda":
-        dev = gpus.for_cuda_name(env.get("device_name", ""))
+        dev = for_cuda_name(env.get("device_name", ""))
         if dev is None:
-            log.warning("no prediction next to the measurements: %s is not in ampft.estimate.gpus",
+            log.warning("no prediction next to the measurements: %s is not in ampft.devices",
                         env.get("device_name"))
             return {}
     else:

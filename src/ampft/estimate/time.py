@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 
 from ampft.benchmark.results import NVIDIA_ANCHOR
-from ampft.estimate.gpus import DEVICES, Device
+from ampft.devices import GPUS, Device
 from ampft.estimate.trace import StepTrace
 
 # From calibrate() with this tree (torch 2.13): see the module docstring. Recomputed by `python -m ampft.estimate.run`
@@ -82,7 +82,7 @@ def calibrate(traces: dict[str, StepTrace]) -> dict:
     BERT-large with a SQuAD head at 32 x 384 on the A100-80GB (`traces`: its tf32 and fp16 steps, traced by
     `ampft.estimate.run.calibration`)."""
     nv = NVIDIA_ANCHOR
-    dev = DEVICES["a100-80gb"]
+    dev = GPUS["a100-80gb"]
     ratios = {}
     for p in ("tf32", "fp16"):
         published = nv["batch_size"] / nv[p]
