@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 from ampft.benchmark import BenchmarkConfigError
 from ampft.benchmark.peer import check, rerender, run_peer
 from ampft.benchmark.peer.report import write_report
-from ampft.benchmark.peer.results import precision_pairs, summarize
+from ampft.benchmark.peer.results import paired_accuracy, precision_pairs, summarize
 from tests.helpers import CONF, compose_config, shared
 
 PEER_CONFIGS = sorted(p.stem for p in (CONF / "peer").glob("*.yaml"))
@@ -182,10 +182,31 @@ def test_report_over_seeds_gives_means_medians_and_each_seed(tmp_path):
     a = results["arms"]["ampft"]
     assert a["samples_per_second"] == 32.0 and a["metric"] == pytest.approx(82.5)
     assert a["metric_std"] == pytest.approx(0.7071, abs=1e-3) and a["metric_per_seed"] == pytest.approx([82, 83])
-    assert results["accuracy"] == [dict(arm="ampft", reference="trainer", difference=pytest.approx(0.5), within=True)]
+    # Paired by seed: +2 and -1 points; the trainer's own seeds are 4 points apart (sd 2.83).
+    [acc] = results["accuracy"]
+    assert (acc["arm"], acc["reference"], acc["within"], acc["within_reference_std"]) == ("ampft", "trainer", True, True)
+    assert acc["per_seed"] == pytest.approx([2.0, -1.0]) and acc["difference"] == pytest.approx(0.5)
+    assert acc["standard_error"] == pytest.approx(1.5) and acc["reference_std"] == pytest.approx(2.8284, abs=1e-4)
     md = write_report(results, tmp_path).read_text()
+    assert ("ampft accuracy within 1 point(s) of trainer: +0.50, **yes**. Paired over 2 seeds: +2.00, -1.00, standard "
+            "error 1.50; within one seed standard deviation of trainer (2.83): **yes**.") in md
     assert "| ampft | ampft | (defaults) | 32.0 |" in md and "82.50 ± 0.71" in md
     assert "| ampft | 30.0 | 82.00 | 34.0 | 83.00 |" in md
+
+
+def test_accuracy_is_judged_paired_by_seed_against_the_references_own_spread():
+    """The five paired SST-2 seeds of docs/benchmarks/README.md: ampft's length groups 1.03 points below the
+    Trainer, whose own seeds spread by 0.32: outside one standard deviation, and outside a 1-point tolerance."""
+    trainer = [85.89, 85.55, 86.12, 85.89, 85.32]
+    acc = paired_accuracy([84.40, 84.75, 86.12, 82.91, 85.44], trainer, tolerance=1.0)
+    assert acc["per_seed"] == pytest.approx([-1.49, -0.80, 0.0, -2.98, 0.12])
+    assert acc["difference"] == pytest.approx(-1.03, abs=0.005) and acc["reference_std"] == pytest.approx(0.32, abs=0.005)
+    assert acc["standard_error"] == pytest.approx(0.57, abs=0.005)
+    assert not acc["within"] and not acc["within_reference_std"]
+    # The same differences shifted up by a point: within both.
+    acc = paired_accuracy([a + 1 for a in [84.40, 84.75, 86.12, 82.91, 85.44]], trainer, tolerance=1.0)
+    assert acc["within"] and acc["within_reference_std"]
+    assert paired_accuracy([85.0], [85.5], 1.0)["within_reference_std"] is None  # one seed: no spread to judge by
 
 
 def test_bf16_arms_give_each_sides_gain_and_ampft_over_trainer_per_precision(tmp_path):

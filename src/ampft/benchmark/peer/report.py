@@ -75,8 +75,14 @@ def render(results: dict) -> str:
                      f"{t['ratio']:.2f}x, **{'met' if t['met'] else 'NOT met'}**.")
     tol = results["accuracy_tolerance"]
     for acc in results["accuracy"]:
-        lines.append(f"- {acc['arm']} {metric} within {tol:g} point(s) of {acc['reference']}: "
-                     f"{acc['difference']:+.2f}, **{'yes' if acc['within'] else 'NO'}**.")
+        line = (f"- {acc['arm']} {metric} within {tol:g} point(s) of {acc['reference']}: "
+                f"{acc['difference']:+.2f}, **{'yes' if acc['within'] else 'NO'}**.")
+        if len(acc["per_seed"]) > 1:
+            line += (f" Paired over {len(acc['per_seed'])} seeds: "
+                     f"{', '.join(f'{d:+.2f}' for d in acc['per_seed'])}, standard error {acc['standard_error']:.2f};"
+                     f" within one seed standard deviation of {acc['reference']} ({acc['reference_std']:.2f}): "
+                     f"**{'yes' if acc['within_reference_std'] else 'NO'}**.")
+        lines.append(line)
     loaded = {n: a["other_load"] for n, a in arms.items() if a["other_load"] > BUSY}
     if loaded:
         lines += ["", "**Warning**: other processes used CPU while these arms ran (share of the machine): "

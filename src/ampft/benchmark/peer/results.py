@@ -4,6 +4,7 @@ Works on plain dicts (what results.json holds), so `runner.rerender` can summari
 
 from __future__ import annotations
 
+from math import sqrt
 from statistics import mean, median, stdev
 
 from omegaconf import DictConfig, OmegaConf
@@ -58,9 +59,8 @@ def summarize(p: DictConfig, cfgs: dict[str, DictConfig], runs: list[dict], env:
     for t in targets:
         t["met"] = t["ratio"] >= t["min_ratio"]
     references = list(p.accuracy_reference) or trainers
-    accuracy = [dict(arm=n, reference=ref, difference=arms[n]["metric"] - arms[ref]["metric"],
-                     within=abs(arms[n]["metric"] - arms[ref]["metric"]) <= p.accuracy_tolerance)
-                for ref in references for n in arms if n != ref]
+    accuracy = [paired_accuracy(arms[n]["metric_per_seed"], arms[ref]["metric_per_seed"], p.accuracy_tolerance)
+                | dict(arm=n, reference=ref) for ref in references for n in arms if n != ref]
     c = first
     setup = dict(model=c.model.name, task=c.task.name, train_file=c.task.train_file, validation_file=c.task.validation_file,
                  max_train_samples=c.task.max_train_samples, max_length=c.task.max_length,
@@ -70,6 +70,21 @@ def summarize(p: DictConfig, cfgs: dict[str, DictConfig], runs: list[dict], env:
     return dict(name=p.name, command=command, environment=env, setup=setup, arms=arms, targets=targets,
                 accuracy=accuracy, accuracy_tolerance=p.accuracy_tolerance, precision_gains=gains,
                 by_precision=by_precision(arms, gains), runs=runs, config=OmegaConf.to_container(p, resolve=True))
+
+
+def paired_accuracy(arm: list[float], reference: list[float], tolerance: float) -> dict:
+    """An arm's metric against a reference arm's, paired by seed (every arm ran the same seeds, so the same
+    initialisation and examples): the per-seed differences, their mean and its standard error; whether the
+    mean is within `tolerance` points, and within one seed standard deviation of the reference (how far two
+    seeds of the reference itself typically fall apart; None with one seed)."""
+    per_seed = [a - r for a, r in zip(arm, reference, strict=True)]
+    difference = mean(per_seed)
+    several = len(per_seed) > 1
+    reference_std = stdev(reference) if several else None
+    return dict(difference=difference, per_seed=per_seed,
+                standard_error=stdev(per_seed) / sqrt(len(per_seed)) if several else None,
+                reference_std=reference_std, within=abs(difference) <= tolerance,
+                within_reference_std=abs(difference) <= reference_std if several else None)
 
 
 def precision_pairs(p: DictConfig, cfgs: dict[str, DictConfig]) -> list[tuple[str, str]]:
