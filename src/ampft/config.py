@@ -254,9 +254,9 @@ class TrainerConfig:
     # Batches of similar lengths (shuffled mega-batches sorted by length, batches shuffled); evaluation
     # in length order too. Little padding on short-sentence tasks; false: plain random batches.
     group_by_length: bool = True
-    # Batches per mega-batch sorted by length: over three SST-2 seeds 8 scored like random batches where 50
-    # (HF's choice) cost a point; seeds 4-5 left that open (docs/benchmarks/README.md). Fewer: more random,
-    # more padding.
+    # Batches per mega-batch sorted by length: 50 (HF's choice) cost a point of SST-2 accuracy over three
+    # seeds; over ten paired seeds 8 cost 0.57 and 2 cost 0.72 against the Trainer, random batches 0.26
+    # (docs/benchmarks/README.md). Fewer: more random, more padding.
     length_group_size: int = 8
     padding: Padding = Padding.longest
     pad_to_multiple_of: int | None = None  # null: 8 under fp16/bf16 on CUDA (Tensor Core shapes), else 1
