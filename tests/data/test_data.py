@@ -465,12 +465,13 @@ def test_dataloader_sizes_and_eval_order(compose, tmp_path, tokenizer):
     assert lengths == sorted(lengths, reverse=True)  # evaluation in length order, longest first
     labels = torch.cat([b["labels"] for b in eval_dl]).tolist()
     assert labels == data.validation["labels"]  # the loader follows the (sorted) split
-    # the same examples as the file; file order without length grouping
-    _, plain, _, plain_dl = _loaders(compose, tmp_path, tokenizer, "trainer.group_by_length=false")
-    assert torch.cat([b["labels"] for b in plain_dl]).tolist() == plain.validation["labels"]
+    # The same examples as the file (its tokenized cache), reordered, whatever the training batches are.
+    file_order = datasets.load_from_disk(str(data.cache_path))["validation"]
+    assert file_order["length"] != lengths
     pairs = sorted(zip(data.validation["input_ids"], labels, strict=True))
-    assert pairs == sorted(zip(plain.validation["input_ids"], plain.validation["labels"], strict=True))
-    assert data.validation["length"] != plain.validation["length"]
+    assert pairs == sorted(zip(file_order["input_ids"], file_order["labels"], strict=True))
+    _, grouped, _, _ = _loaders(compose, tmp_path, tokenizer, "trainer.group_by_length=true")
+    assert grouped.validation["input_ids"] == data.validation["input_ids"]
 
 
 def _waste(order: list[int], lengths: list[int], bs: int) -> int:
@@ -505,7 +506,7 @@ def test_length_grouped_sampler_groups_shuffles_and_is_reproducible():
 
 
 def test_the_dataloader_follows_the_length_grouped_sampler(compose, tmp_path, tokenizer):
-    cfg, data, train_dl, _ = _loaders(compose, tmp_path, tokenizer)
+    cfg, data, train_dl, _ = _loaders(compose, tmp_path, tokenizer, "trainer.group_by_length=true")
     sampler = train_dl.sampler
     assert isinstance(sampler, LengthGroupedSampler)
     sampler.set_epoch(1)
@@ -517,15 +518,15 @@ def test_the_dataloader_follows_the_length_grouped_sampler(compose, tmp_path, to
 def test_length_groups_are_global_batches(compose, tmp_path, tokenizer):
     # Two ranks with batch 4 get, step by step, the examples one process with batch 8 gets: Accelerate deals
     # consecutive loader batches to the ranks in turn, so the sampler groups by the global batch.
-    cfg, data, one, _ = _loaders(compose, tmp_path, tokenizer, "trainer.batch_size=8")
-    cfg2 = _cfg(compose, tmp_path, "task.max_length=64", "trainer.batch_size=4")
+    cfg, data, one, _ = _loaders(compose, tmp_path, tokenizer, "trainer.batch_size=8", "trainer.group_by_length=true")
+    cfg2 = _cfg(compose, tmp_path, "task.max_length=64", "trainer.batch_size=4", "trainer.group_by_length=true")
     two = build_dataloaders(cfg2, data, tokenizer, torch.device("cpu"), num_processes=2)[0]
     assert list(one.sampler) == list(two.sampler)
     assert [len(b["labels"]) for b in two][:2] == [4, 4]
 
 
-def test_without_group_by_length_the_sampler_is_random(compose, tmp_path, tokenizer):
-    _, _, train_dl, _ = _loaders(compose, tmp_path, tokenizer, "trainer.group_by_length=false")
+def test_by_default_the_sampler_is_random(compose, tmp_path, tokenizer):
+    _, _, train_dl, _ = _loaders(compose, tmp_path, tokenizer)
     assert isinstance(train_dl.sampler, torch.utils.data.RandomSampler)
 
 

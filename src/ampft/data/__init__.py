@@ -5,10 +5,11 @@ What differs per family (file formats, labels, features, collator) is asked of t
 Tokenization runs once per (tokenizer, task, length and family settings, data) and is kept on disk under
 `cfg.cache_dir`; a second run of the same recipe loads it in well under a second.
 
-Fast paths (trainer group; each can be switched off): batches padded dynamically to their longest row
-(rounded up to a multiple of 8 under mixed precision, for Tensor Core shapes; to one of
-`trainer.compile_buckets` lengths under torch.compile), training batches grouped by length
-(`LengthGroupedSampler`), and validation splits evaluated in length order.
+Fast paths (trainer group): batches padded dynamically to their longest row (rounded up to a multiple of
+8 under mixed precision on CUDA, for Tensor Core shapes; to one of `trainer.compile_buckets` lengths under
+torch.compile), validation splits evaluated in length order (scored exactly as in file order), and, with
+`trainer.group_by_length`, training batches grouped by length (`LengthGroupedSampler`; off by default: it
+costs accuracy, see `TrainerConfig.group_by_length`).
 """
 
 from __future__ import annotations
@@ -94,13 +95,12 @@ def prepare_data(cfg: DictConfig, family: Family, tokenizer: PreTrainedTokenizer
         tokenized = load_from_disk(str(path))
     features = {s: tokenized[s] for s in raw if s != "train"}
     examples = {s: raw[s] for s in raw if s != "train"}
-    if cfg.trainer.group_by_length:  # evaluate in length order: little padding in the larger eval batches
-        aligned = family.one_feature_per_example
-        for s, ds in features.items():
-            order = length_order(ds["length"][:])
-            features[s] = ds.select(order)
-            if aligned:  # features[i] scores against examples[i] (QA matches windows by example id instead)
-                examples[s] = examples[s].select(order)
+    # Evaluate in length order: little padding in the larger eval batches, the same scores as in file order.
+    for s, ds in features.items():
+        order = length_order(ds["length"][:])
+        features[s] = ds.select(order)
+        if family.one_feature_per_example:  # features[i] scores against examples[i] (QA: by example id)
+            examples[s] = examples[s].select(order)
     extra = {s: ds for s, ds in features.items() if s != "validation"}
     return TaskData(tokenized["train"], features["validation"], labels, path, family, extra, examples=examples)
 
@@ -203,8 +203,8 @@ def _loader_kwargs(cfg: DictConfig, device: torch.device) -> dict:
 
 def eval_dataloader(cfg: DictConfig, data: TaskData, dataset: Dataset, tokenizer: PreTrainedTokenizerBase,
                     device: torch.device, model=None) -> DataLoader:
-    """A validation split's loader, in the split's order (length order under trainer.group_by_length, see
-    `prepare_data`); model inputs only (NER/QA keep word_ids, offsets in `dataset`)."""
+    """A validation split's loader, in the split's order (length order, see `prepare_data`); model inputs
+    only (NER/QA keep word_ids, offsets in `dataset`)."""
     collate, columns = _loader_parts(cfg, data, tokenizer, device, model)
     tr = cfg.trainer
     return DataLoader(dataset.select_columns(columns), batch_size=tr.eval_batch_size or 2 * tr.batch_size,
@@ -216,9 +216,10 @@ def build_dataloaders(cfg: DictConfig, data: TaskData, tokenizer: PreTrainedToke
     """Train and validation loaders for `device` (pinned memory and workers on CUDA); `model` (optional)
     drops the columns its forward does not take.
 
-    Length groups are global batches (`batch_size` x `num_processes`): Accelerate deals the sampler's
-    consecutive batches to the ranks in turn, so each optimizer step sees one group, the same examples as
-    one process with the whole global batch would."""
+    Batches are random (the Trainer's), or with `trainer.group_by_length` grouped by length. Either way
+    Accelerate deals the sampler's consecutive batches to the ranks in turn, so length groups are global
+    batches (`batch_size` x `num_processes`): each optimizer step sees the examples that one process with
+    the whole global batch would."""
     tr = cfg.trainer
     collate, columns = _loader_parts(cfg, data, tokenizer, device, model)
     train = data.train.select_columns(columns)
