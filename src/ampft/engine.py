@@ -15,7 +15,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -114,18 +114,30 @@ class StepResult:
     lr: float | None = None  # the learning rate the applied update used (None: no update applied)
 
 
-def train_step(acc: Accelerator, model: torch.nn.Module, optimizer, scheduler, batch: dict,
+def train_step(acc: Accelerator, model: torch.nn.Module, optimizer, scheduler, batch: dict | list[dict],
                max_grad_norm: float, want_grad_norm: bool = False) -> StepResult:
     """One micro-batch of training, the one way ampft trains (`fit` and the speed benchmark both call this).
 
-    Forward and backward under Accelerate's gradient accumulation (fp16: the loss scaled). On the last
-    micro-batch of an accumulation: clip to `max_grad_norm` (> 0), which unscales fp16 gradients first (the
-    norm is inf/NaN when the step overflowed), or only compute the norm if `want_grad_norm`; the optimizer
-    step, which the loss scaler skips on overflow; the LR scheduler only for an applied update; zero_grad."""
+    Forward and backward under Accelerate's gradient accumulation (fp16: the loss scaled). A micro-batch
+    split into chunks of similar lengths (a list, `ampft.data.LengthChunks`) runs one forward and backward
+    per chunk, each chunk's mean loss weighted by its share of the micro-batch's loss terms (`loss_terms`),
+    and gradients synchronised across ranks on the last chunk only: the micro-batch's gradient and loss.
+    On the last micro-batch of an accumulation: clip to `max_grad_norm` (> 0), which unscales fp16 gradients
+    first (the norm is inf/NaN when the step overflowed), or only compute the norm if `want_grad_norm`; the
+    optimizer step, which the loss scaler skips on overflow; the LR scheduler only for an applied update;
+    zero_grad."""
     grad_norm = None
+    chunks = batch if isinstance(batch, list) else [batch]
+    terms = [loss_terms(c) for c in chunks]
     with acc.accumulate(model):
-        loss = model(**batch).loss
-        acc.backward(loss)
+        loss = torch.zeros((), device=acc.device)
+        for i, (chunk, n) in enumerate(zip(chunks, terms, strict=True)):
+            with acc.no_sync(model) if i < len(chunks) - 1 else nullcontext():
+                part = model(**chunk).loss
+                if len(chunks) > 1:  # no terms (a chunk of unlabelled tokens): its NaN mean counts 0
+                    part = torch.where(n > 0, part, 0.0) * (n / sum(terms))
+                acc.backward(part)
+            loss += part.detach().float()
         if acc.sync_gradients:
             if max_grad_norm > 0:
                 grad_norm = acc.clip_grad_norm_(model.parameters(), max_grad_norm)
@@ -139,7 +151,17 @@ def train_step(acc: Accelerator, model: torch.nn.Module, optimizer, scheduler, b
     if synced and not skipped:
         lr = scheduler.get_last_lr()[0]
         scheduler.step()
-    return StepResult(loss.detach(), synced, skipped, grad_norm, lr)
+    return StepResult(loss, synced, skipped, grad_norm, lr)
+
+
+def loss_terms(batch: dict) -> torch.Tensor:
+    """How many terms a batch's mean loss averages, as transformers' heads compute it: labelled tokens for
+    token-level labels (2-D integer, -100 ignored by the cross-entropy), else rows (sequence labels,
+    regression, multi-label rows, QA start/end positions)."""
+    labels = batch.get("labels")
+    if labels is not None and labels.dim() == 2 and not labels.is_floating_point():
+        return (labels != -100).sum()
+    return torch.tensor(batch["input_ids"].shape[0], device=batch["input_ids"].device)
 
 
 class Meters:
@@ -151,9 +173,10 @@ class Meters:
         self.samples = 0
         self.tic = time.perf_counter()
 
-    def count(self, batch: dict) -> None:
-        self.tokens += batch["attention_mask"].sum()
-        self.samples += batch["input_ids"].shape[0]  # QA batches have start/end positions, no labels
+    def count(self, batch: dict | list[dict]) -> None:
+        for chunk in batch if isinstance(batch, list) else [batch]:
+            self.tokens += chunk["attention_mask"].sum()
+            self.samples += chunk["input_ids"].shape[0]  # QA batches have start/end positions, no labels
 
     def fold(self, st: TrainState) -> None:
         """Add what was counted and the time since the last fold or restart (one host sync)."""

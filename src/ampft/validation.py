@@ -57,6 +57,12 @@ def validate(cfg: DictConfig) -> list[str]:
             problems.append(f"trainer.{key}={tr[key]}: must be >= 1")
     if tr.pad_to_multiple_of is not None and tr.pad_to_multiple_of < 1:
         problems.append(f"trainer.pad_to_multiple_of={tr.pad_to_multiple_of}: must be >= 1 (1: no rounding) or null")
+    if tr.length_chunks is not None and tr.length_chunks < 1:
+        problems.append(f"trainer.length_chunks={tr.length_chunks}: must be >= 1 (1: whole batches) or null (auto)")
+    elif (tr.length_chunks or 1) > 1 and cfg.distributed.backend == Backend.deepspeed:
+        problems.append(f"trainer.length_chunks={tr.length_chunks} with distributed={cfg.distributed.name}: "
+                        "DeepSpeed's engine counts micro-batches itself, so a batch cannot run as chunks there; "
+                        "use trainer.length_chunks=null (1 under DeepSpeed) or trainer.grad_accum")
     if tr.num_workers is not None and tr.num_workers < 0:
         problems.append(f"trainer.num_workers={tr.num_workers}: must be >= 0 or null (auto)")
     if tr.eval_every < 0:
@@ -196,7 +202,7 @@ CHECKED_ELSEWHERE = {
     "distributed.fsdp_cpu_offload", "optim.implementation", "scheduler.name", "scheduler.warmup_ratio",
     "trainer.max_steps", "trainer.max_minutes", "trainer.batch_size", "trainer.grad_accum", "trainer.log_every", "trainer.eval_every",
     "trainer.group_by_length", "trainer.length_group_size", "trainer.padding", "trainer.pad_to_multiple_of",
-    "trainer.compile", "trainer.compile_buckets", "trainer.num_workers", "trainer.cpu", "trainer.progress_bar",
+    "trainer.compile", "trainer.compile_buckets", "trainer.num_workers", "trainer.length_chunks", "trainer.cpu", "trainer.progress_bar",
     "checkpoint.every", "checkpoint.keep_last", "checkpoint.keep_best", "checkpoint.metric", "checkpoint.mode",
     "checkpoint.resume", "checkpoint.allow_config_change", "checkpoint.export", "checkpoint.export_best",
     "checkpoint.reuse_run_dir", "logging.name",

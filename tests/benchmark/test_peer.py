@@ -20,7 +20,8 @@ from tests.helpers import CONF, compose_config, shared
 PEER_CONFIGS = sorted(p.stem for p in (CONF / "peer").glob("*.yaml"))
 # What an arm may change: the fast paths (these, optim.implementation, model.attn_implementation) and the
 # precision (an fp32 arm's twin). Everything else must be the same for every arm.
-FAST_PATH_KEYS = {"padding", "group_by_length", "pad_to_multiple_of", "compile", "compile_buckets", "num_workers"}
+FAST_PATH_KEYS = {"padding", "group_by_length", "length_chunks", "pad_to_multiple_of", "compile", "compile_buckets",
+                  "num_workers"}
 
 
 def compose_peer(overrides: list[str]):
@@ -283,7 +284,7 @@ def test_with_random_batches_and_no_dropout_ampft_trains_exactly_as_the_trainer(
               "task=sst2", f"task.train_file={train}", f"task.validation_file={dev}", "task.max_train_samples=160",
               "task.max_eval_samples=64", "task.max_length=64", "trainer.batch_size=16", "trainer.epochs=1",
               "trainer.log_every=1", "optim.lr=1e-3", "scheduler.warmup_ratio=0.2", "trainer.cpu=true",
-              "trainer.group_by_length=false", "logging=none", "trainer.progress_bar=false", "checkpoint.export=false"]
+              "trainer.length_chunks=1", "logging=none", "trainer.progress_bar=false", "checkpoint.export=false"]
     p = compose_peer(["peer.overrides=[" + ",".join(f'"{o}"' for o in common) + "]", "peer.profile_steps=3",
                       "peer.targets=[]", "peer.accuracy_reference=[]",
                       'peer.arms=[{name: trainer, runner: trainer}, {name: ampft, runner: ampft},'

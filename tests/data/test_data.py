@@ -440,7 +440,7 @@ def test_batches_are_padded_dynamically(compose, tmp_path, tokenizer, precision,
                                           f"trainer.pad_to_multiple_of={multiple or 'null'}")
     widths = []
     for dl in (train_dl, eval_dl):
-        for batch in dl:
+        for batch in (c for b in dl for c in (b if isinstance(b, list) else [b])):  # a training batch's chunks too
             assert set(batch) == {"input_ids", "attention_mask", "token_type_ids", "labels"}  # no `length`
             longest = int(batch["attention_mask"].sum(dim=1).max())
             width = batch["input_ids"].shape[1]
@@ -460,7 +460,7 @@ def test_batches_are_padded_dynamically(compose, tmp_path, tokenizer, precision,
 def test_dataloader_sizes_and_eval_order(compose, tmp_path, tokenizer):
     _, data, train_dl, eval_dl = _loaders(compose, tmp_path, tokenizer)
     assert train_dl.batch_size == 4 and eval_dl.batch_size == 8  # eval_batch_size null: 2 x batch_size
-    assert sum(len(b["labels"]) for b in train_dl) == 24
+    assert sum(len(c["labels"]) for b in train_dl for c in (b if isinstance(b, list) else [b])) == 24
     lengths = data.validation["length"]
     assert lengths == sorted(lengths, reverse=True)  # evaluation in length order, longest first
     labels = torch.cat([b["labels"] for b in eval_dl]).tolist()
@@ -506,7 +506,8 @@ def test_length_grouped_sampler_groups_shuffles_and_is_reproducible():
 
 
 def test_the_dataloader_follows_the_length_grouped_sampler(compose, tmp_path, tokenizer):
-    cfg, data, train_dl, _ = _loaders(compose, tmp_path, tokenizer, "trainer.group_by_length=true")
+    cfg, data, train_dl, _ = _loaders(compose, tmp_path, tokenizer, "trainer.group_by_length=true",
+                                      "trainer.length_chunks=1")  # whole batches, in the sampler's order
     sampler = train_dl.sampler
     assert isinstance(sampler, LengthGroupedSampler)
     sampler.set_epoch(1)
@@ -519,7 +520,8 @@ def test_length_groups_are_global_batches(compose, tmp_path, tokenizer):
     # Two ranks with batch 4 get, step by step, the examples one process with batch 8 gets: Accelerate deals
     # consecutive loader batches to the ranks in turn, so the sampler groups by the global batch.
     cfg, data, one, _ = _loaders(compose, tmp_path, tokenizer, "trainer.batch_size=8", "trainer.group_by_length=true")
-    cfg2 = _cfg(compose, tmp_path, "task.max_length=64", "trainer.batch_size=4", "trainer.group_by_length=true")
+    cfg2 = _cfg(compose, tmp_path, "task.max_length=64", "trainer.batch_size=4", "trainer.group_by_length=true",
+                "trainer.length_chunks=1")
     two = build_dataloaders(cfg2, data, tokenizer, torch.device("cpu"), num_processes=2)[0]
     assert list(one.sampler) == list(two.sampler)
     assert [len(b["labels"]) for b in two][:2] == [4, 4]

@@ -7,9 +7,10 @@ Tokenization runs once per (tokenizer, task, length and family settings, data) a
 
 Fast paths (trainer group): batches padded dynamically to their longest row (rounded up to a multiple of
 8 under mixed precision on CUDA, for Tensor Core shapes; to one of `trainer.compile_buckets` lengths under
-torch.compile), validation splits evaluated in length order (scored exactly as in file order), and, with
-`trainer.group_by_length`, training batches grouped by length (`LengthGroupedSampler`; off by default: it
-costs accuracy, see `TrainerConfig.group_by_length`).
+torch.compile), validation splits evaluated in length order (scored exactly as in file order), training
+batches split into chunks of similar lengths (`LengthChunks`: the same examples and loss, less padding),
+and, with `trainer.group_by_length`, training batches grouped by length (`LengthGroupedSampler`; off by
+default: it costs accuracy, see `TrainerConfig.group_by_length`).
 """
 
 from __future__ import annotations
@@ -32,15 +33,15 @@ from omegaconf import DictConfig
 from torch.utils.data import DataLoader, RandomSampler, Sampler
 from transformers import PreTrainedTokenizerBase
 
-from ampft.config import Padding, Precision, cache_root
+from ampft.config import Backend, Padding, Precision, cache_root
 from ampft.data import demo
 from ampft.data.load import DataError, file_digest
 
 if TYPE_CHECKING:  # the families import this package's loaders
     from ampft.tasks.base import Family
 
-__all__ = ["DataError", "TaskData", "LengthGroupedSampler", "prepare_data", "build_dataloaders", "eval_dataloader",
-           "padding", "num_workers"]
+__all__ = ["DataError", "TaskData", "LengthGroupedSampler", "LengthChunks", "split_by_length", "prepare_data",
+           "build_dataloaders", "eval_dataloader", "padding", "num_workers", "length_chunks"]
 
 log = logging.getLogger(__name__)
 
@@ -146,6 +147,69 @@ class LengthGroupedSampler(Sampler[int]):
             yield from batch
 
 
+# What one more forward and backward costs beyond its tokens, in tokens: the per-call work that does not
+# shrink with the chunk (every weight's gradient written and accumulated, the embedding's dense gradient).
+# Fitted on the development CPUs by `python scripts/microbench.py chunks` (docs/benchmarks/microbench.md).
+CHUNK_OVERHEAD_TOKENS = 144
+
+
+def split_by_length(lengths: list[int], max_chunks: int, multiple: int | None = None,
+                    overhead: int = CHUNK_OVERHEAD_TOKENS) -> list[list[int]]:
+    """Split one batch (positions into `lengths`) into at most `max_chunks` chunks of consecutive rows of the
+    batch sorted longest first, choosing the cuts that minimise the padded tokens (each chunk padded to its
+    longest row, rounded up to `multiple`) plus `overhead` tokens per chunk. Longest chunk first; ties
+    between equally cheap splits go to fewer chunks."""
+    order = sorted(range(len(lengths)), key=lengths.__getitem__, reverse=True)
+    m = multiple or 1
+    width = [-(-lengths[i] // m) * m for i in order]
+    n, inf = len(order), float("inf")
+    best = [[0.0] + [inf] * n]  # best[k][j]: the cheapest split of the j longest rows into k chunks
+    cut = [[0] * (n + 1)]
+    for k in range(1, max_chunks + 1):
+        best.append([inf] * (n + 1))
+        cut.append([0] * (n + 1))
+        for j in range(k, n + 1):
+            for i in range(k - 1, j):  # the k-th chunk is rows i..j-1, padded to row i's width
+                cost = best[k - 1][i] + (j - i) * width[i] + overhead
+                if cost < best[k][j]:
+                    best[k][j], cut[k][j] = cost, i
+    count = min(range(1, min(max_chunks, n) + 1), key=lambda k: best[k][n]) if n else 0
+    chunks, j = [], n
+    for k in range(count, 0, -1):  # walk the cuts back from the last row
+        chunks.append(order[cut[k][j]:j])
+        j = cut[k][j]
+    return chunks[::-1]
+
+
+class LengthChunks:
+    """A training collator: each batch as up to `max_chunks` chunks of similar lengths (`split_by_length`),
+    each padded to its own longest row, or as one batch where splitting would not pay. The chunks hold the
+    batch's examples, and `ampft.engine.train_step` weighs their losses so that the update is the whole
+    batch's: the same examples and gradient as the unsplit batch (up to float rounding and the dropout
+    masks), with less padding. A list of chunks is what the engine takes as one batch."""
+
+    def __init__(self, collate, max_chunks: int, multiple: int | None = None):
+        self.collate, self.max_chunks, self.multiple = collate, max_chunks, multiple
+
+    def __call__(self, features: list[dict]):
+        chunks = split_by_length([len(f["input_ids"]) for f in features], self.max_chunks, self.multiple)
+        if len(chunks) <= 1:
+            return self.collate(features)
+        return [self.collate([features[i] for i in chunk]) for chunk in chunks]
+
+
+def length_chunks(cfg: DictConfig, device: torch.device) -> int:
+    """trainer.length_chunks, or (null) 4 on CPU and 1 on CUDA (measured on CPU only; on a GPU try it with
+    the peer benchmark). 1 under DeepSpeed, whose engine counts micro-batches itself, and with
+    padding=max_length, where every chunk would be as wide as the batch."""
+    tr = cfg.trainer
+    if cfg.distributed.backend == Backend.deepspeed or tr.padding == Padding.max_length:
+        return 1
+    if tr.length_chunks is not None:
+        return tr.length_chunks
+    return 4 if device.type == "cpu" else 1
+
+
 def model_columns(candidates: tuple[str, ...], available: list[str], model=None) -> list[str]:
     """The feature columns a batch gives the model: the family's inputs that the data has and, given the
     model, that its forward takes. token_type_ids are dropped for models without segment embeddings
@@ -230,6 +294,9 @@ def build_dataloaders(cfg: DictConfig, data: TaskData, tokenizer: PreTrainedToke
         sampler = RandomSampler(train)  # Accelerate turns it into a seedable sampler (set_epoch)
     # Own generators: creating an iterator must not draw from the global RNG, or a resumed run's dropout
     # masks (restored RNG state, then a fresh iterator) would differ from the uninterrupted run's.
-    train_dl = DataLoader(train, batch_size=tr.batch_size, sampler=sampler, collate_fn=collate,
+    chunks = length_chunks(cfg, device)
+    train_collate = LengthChunks(collate, chunks, padding(cfg, tokenizer, device)["pad_to_multiple_of"]) \
+        if chunks > 1 else collate
+    train_dl = DataLoader(train, batch_size=tr.batch_size, sampler=sampler, collate_fn=train_collate,
                           **_loader_kwargs(cfg, device))
     return train_dl, eval_dataloader(cfg, data, data.validation, tokenizer, device, model)
