@@ -261,7 +261,7 @@ class TrainerConfig:
     length_group_size: int = 8
     # Split each training batch into up to this many chunks of similar lengths, each padded to its own
     # longest row, their losses weighted into the whole batch's: the same examples and update, less padding
-    # (ampft.data.LengthChunks). null: 4 on CPU, 1 on CUDA; always 1 under DeepSpeed; 1: off.
+    # (ampft.data.LengthChunks). null: 4 on CPU, 1 on CUDA; always 1 under DeepSpeed and torch.compile; 1: off.
     length_chunks: int | None = None
     padding: Padding = Padding.longest
     pad_to_multiple_of: int | None = None  # null: 8 under fp16/bf16 on CUDA (Tensor Core shapes), else 1

@@ -63,6 +63,9 @@ def validate(cfg: DictConfig) -> list[str]:
         problems.append(f"trainer.length_chunks={tr.length_chunks} with distributed={cfg.distributed.name}: "
                         "DeepSpeed's engine counts micro-batches itself, so a batch cannot run as chunks there; "
                         "use trainer.length_chunks=null (1 under DeepSpeed) or trainer.grad_accum")
+    elif (tr.length_chunks or 1) > 1 and tr.compile:
+        problems.append(f"trainer.length_chunks={tr.length_chunks} with trainer.compile=true: chunks of every size "
+                        "would each compile a new graph; use trainer.length_chunks=null (1 under compile)")
     if tr.num_workers is not None and tr.num_workers < 0:
         problems.append(f"trainer.num_workers={tr.num_workers}: must be >= 0 or null (auto)")
     if tr.eval_every < 0:

@@ -95,6 +95,7 @@ def test_budget_records_cuts_against_its_clock():
 # --- a real benchmark with a fake slow arm ----------------------------------------------------------
 
 FP16_STEP = 30.0  # injected: seconds a full-batch (8-row) fp16 step "takes"; a pilot step (2 rows) 1/4 of it
+ACCURACY_RUN = 2.0  # injected: seconds each accuracy run adds to the budget's clock
 
 SLOW = [
     "benchmark.model=tiny-bert",
@@ -113,13 +114,22 @@ SLOW = [
 @pytest.fixture(scope="module")
 def slow_fp16(tmp_path_factory):
     """cpu-smoke's three arms on tiny-bert, the fp16 arm's steps reported as FP16_STEP seconds each and the
-    budget's clock advanced by the difference, as if this CPU crawled under fp16 (no real slow run). The clock
+    budget's clock advanced by the difference, as if this CPU crawled under fp16 (no real slow run). Each
+    accuracy run also counts ACCURACY_RUN seconds, so that the fp16 runs' projection (a baseline run's time
+    x fp16's step-time ratio) does not hang on how fast tiny-bert's half-second runs happen to be. The clock
     advances at a tenth of real time otherwise, so a loaded test machine does not change what gets cut."""
+    from ampft.benchmark import runner
     from tests.helpers import compose_config
 
     mp = pytest.MonkeyPatch()
     extra = [0.0]
-    real_steps = speed._run_steps
+    real_steps, real_seed = speed._run_steps, runner.run_seed
+
+    def counted_seed(*args, **kwargs):
+        extra[0] += ACCURACY_RUN
+        return real_seed(*args, **kwargs)
+
+    mp.setattr(runner, "run_seed", counted_seed)
 
     def fake_steps(loop, batches):
         seconds, losses, skipped = real_steps(loop, batches)

@@ -117,12 +117,16 @@ def test_a_run_in_chunks_trains_exactly_as_in_whole_batches(tiny, tmp_path, fami
     assert summaries[4]["train_tokens"] == summaries[1]["train_tokens"]  # the same real tokens
 
 
-def test_length_chunks_default_by_device_and_never_under_deepspeed(compose):
+def test_length_chunks_default_by_device_and_never_under_deepspeed_or_compile(compose):
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert length_chunks(compose([]), cpu) == 4 and length_chunks(compose([]), cuda) == 1
     assert length_chunks(compose(["trainer.length_chunks=2"]), cuda) == 2
     assert length_chunks(compose(["trainer.padding=max_length"]), cpu) == 1  # every chunk as wide as the batch
     assert length_chunks(compose(["distributed=deepspeed-z2"]), cpu) == 1
+    assert length_chunks(compose(["trainer.compile=true"]), cpu) == 1  # static shapes: one graph per chunk size
+    with pytest.raises(ConfigError) as err:
+        validate(compose(["trainer.compile=true", "trainer.length_chunks=4"]))
+    assert any("trainer.length_chunks=4 with trainer.compile=true" in p for p in err.value.problems)
     with pytest.raises(ConfigError) as err:
         validate(compose(["distributed=deepspeed-z2", "trainer.length_chunks=4"]))
     assert any("trainer.length_chunks=4 with distributed=deepspeed-z2" in p for p in err.value.problems)
