@@ -128,14 +128,16 @@ def train_step(acc: Accelerator, model: torch.nn.Module, optimizer, scheduler, b
     zero_grad."""
     grad_norm = None
     chunks = batch if isinstance(batch, list) else [batch]
-    terms = [loss_terms(c) for c in chunks]
+    if len(chunks) > 1:  # each chunk's share of the batch's loss terms (a whole batch needs no weight)
+        terms = [loss_terms(c) for c in chunks]
+        total = sum(terms)
     with acc.accumulate(model):
         loss = torch.zeros((), device=acc.device)
-        for i, (chunk, n) in enumerate(zip(chunks, terms, strict=True)):
+        for i, chunk in enumerate(chunks):
             with acc.no_sync(model) if i < len(chunks) - 1 else nullcontext():
                 part = model(**chunk).loss
                 if len(chunks) > 1:  # no terms (a chunk of unlabelled tokens): its NaN mean counts 0
-                    part = torch.where(n > 0, part, 0.0) * (n / sum(terms))
+                    part = torch.where(terms[i] > 0, part, 0.0) * (terms[i] / total)
                 acc.backward(part)
             loss += part.detach().float()
         if acc.sync_gradients:
