@@ -5,12 +5,15 @@ VENV ?= .venv
 #   make finetune model=bert-large precision=bf16 trainer.max_steps=20
 # ARGS passes anything else through, e.g. make finetune ARGS="-m precision=fp32,bf16" (multirun).
 # nproc=N: processes per machine (distributed.num_processes); dry_run=1 prints the launch command(s).
-OWN_VARS := VENV PYTHON PYTEST_ARGS ARGS nproc dry_run
+OWN_VARS := VENV PYTHON PYTEST_ARGS PYTEST_WORKERS ARGS nproc dry_run
 # ARGS is split at whitespace, each word passed on as it is. Every override and ARGS word reaches the shell as
 # one single-quoted word (a ' in it written '\''), taken with $(value) so make does not expand a $(...) in
 # it either: nothing typed on the command line is run by make or the shell; Hydra parses it or rejects it.
 OVERRIDES := $(foreach v,$(filter-out $(OWN_VARS),$(.VARIABLES)),$(if $(filter command line,$(origin $(v))),'$(subst ','\'',$(v)=$(value $(v)))')) $(if $(value nproc),'$(subst ','\'',distributed.num_processes=$(value nproc))') $(foreach a,$(value ARGS),'$(subst ','\'',$(a))')
 PYTEST_ARGS ?=
+# make test runs its tests in this many pytest-xdist workers (auto: one per core; 0: in this process), each
+# with its share of the cores' torch threads (tests/conftest.py).
+PYTEST_WORKERS ?= auto
 # make exports command-line variables to the recipe's shell, expanding them (a $(shell ...) in one would run): don't.
 unexport $(foreach v,$(.VARIABLES),$(if $(filter command line,$(origin $(v))),$(v)))
 define newline
@@ -45,7 +48,7 @@ print-config:  ## print the composed, resolved config for the given overrides
 	$(PYTHON) recipes/finetune.py $(OVERRIDES) --cfg job --resolve
 
 test:  ## the CPU test suite, no network, under 10 minutes on 2 cores (CI runs it, then test-slow and test-distributed)
-	$(PYTHON) -m pytest -q -m "not slow and not gpu and not distributed" $(PYTEST_ARGS)
+	$(PYTHON) -m pytest -q -n $(PYTEST_WORKERS) -m "not slow and not gpu and not distributed" $(PYTEST_ARGS)
 
 test-slow:  ## the slow CPU tests (each over ~20 s on 2 cores: kill-and-resume, budgets, compile, real SST-2 runs)
 	$(PYTHON) -m pytest -q -m "slow and not gpu and not distributed" $(PYTEST_ARGS)
