@@ -52,7 +52,7 @@ PICKLE = re.compile(r"^custom_checkpoint_\d+\.pkl$")  # Accelerate's custom stat
 # Padding and compile settings count: batch shapes decide the dropout masks.
 EXACTNESS_KEYS = ("model.", "task.", "precision.", "optim.", "scheduler.", "trainer.seed", "trainer.batch_size",
                   "trainer.grad_accum", "trainer.max_grad_norm", "trainer.group_by_length", "trainer.length_group_size",
-                  "trainer.length_chunks",
+                  "trainer.length_chunks", "trainer.length_chunk_cost",
                   "trainer.padding", "trainer.pad_to_multiple_of", "trainer.compile", "trainer.epochs")
 HARMLESS_KEYS = ("task.max_eval_samples", "task.validation_file", "task.validation_split", "task.positive_label",
                  "precision.max_loss_ratio")

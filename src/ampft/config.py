@@ -263,6 +263,10 @@ class TrainerConfig:
     # longest row, their losses weighted into the whole batch's: the same examples and update, less padding
     # (ampft.data.LengthChunks). null: 4 on CPU, 1 on CUDA; always 1 under DeepSpeed and torch.compile; 1: off.
     length_chunks: int | None = None
+    # What one more chunk costs, in tokens, when a batch is split (the cuts minimise padded tokens plus this per
+    # chunk). null: estimated from the model's size (ampft.data.chunk_cost, measured on the development CPU);
+    # `python scripts/microbench.py chunks` measures it on yours.
+    length_chunk_cost: int | None = None
     padding: Padding = Padding.longest
     pad_to_multiple_of: int | None = None  # null: 8 under fp16/bf16 on CUDA (Tensor Core shapes), else 1
     # torch.compile the model; sequence lengths are bucketed to bound recompiles. Pays off only for long runs

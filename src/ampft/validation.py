@@ -66,6 +66,9 @@ def validate(cfg: DictConfig) -> list[str]:
     elif (tr.length_chunks or 1) > 1 and tr.compile:
         problems.append(f"trainer.length_chunks={tr.length_chunks} with trainer.compile=true: chunks of every size "
                         "would each compile a new graph; use trainer.length_chunks=null (1 under compile)")
+    if tr.length_chunk_cost is not None and tr.length_chunk_cost < 0:
+        problems.append(f"trainer.length_chunk_cost={tr.length_chunk_cost}: must be >= 0 tokens or null (from the "
+                        "model's size)")
     if tr.num_workers is not None and tr.num_workers < 0:
         problems.append(f"trainer.num_workers={tr.num_workers}: must be >= 0 or null (auto)")
     if tr.eval_every < 0:
@@ -205,7 +208,8 @@ CHECKED_ELSEWHERE = {
     "distributed.fsdp_cpu_offload", "optim.implementation", "scheduler.name", "scheduler.warmup_ratio",
     "trainer.max_steps", "trainer.max_minutes", "trainer.batch_size", "trainer.grad_accum", "trainer.log_every", "trainer.eval_every",
     "trainer.group_by_length", "trainer.length_group_size", "trainer.padding", "trainer.pad_to_multiple_of",
-    "trainer.compile", "trainer.compile_buckets", "trainer.num_workers", "trainer.length_chunks", "trainer.cpu", "trainer.progress_bar",
+    "trainer.compile", "trainer.compile_buckets", "trainer.num_workers", "trainer.length_chunks",
+    "trainer.length_chunk_cost", "trainer.cpu", "trainer.progress_bar",
     "checkpoint.every", "checkpoint.keep_last", "checkpoint.keep_best", "checkpoint.metric", "checkpoint.mode",
     "checkpoint.resume", "checkpoint.allow_config_change", "checkpoint.export", "checkpoint.export_best",
     "checkpoint.reuse_run_dir", "logging.name",

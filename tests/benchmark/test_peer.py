@@ -20,8 +20,8 @@ from tests.helpers import CONF, compose_config, shared
 PEER_CONFIGS = sorted(p.stem for p in (CONF / "peer").glob("*.yaml"))
 # What an arm may change: the fast paths (these, optim.implementation, model.attn_implementation) and the
 # precision (an fp32 arm's twin). Everything else must be the same for every arm.
-FAST_PATH_KEYS = {"padding", "group_by_length", "length_chunks", "pad_to_multiple_of", "compile", "compile_buckets",
-                  "num_workers"}
+FAST_PATH_KEYS = {"padding", "group_by_length", "length_chunks", "length_chunk_cost", "pad_to_multiple_of", "compile",
+                  "compile_buckets", "num_workers"}
 
 
 def compose_peer(overrides: list[str]):

@@ -343,6 +343,7 @@ BAD_VALUES = [
     ("trainer.max_grad_norm=-1", "trainer.max_grad_norm=-1.0"),
     ("trainer.seed=-3", "trainer.seed=-3"),
     ("trainer.length_chunks=0", "trainer.length_chunks=0"),
+    ("trainer.length_chunk_cost=-1", "trainer.length_chunk_cost=-1"),
     ("trainer.epochs=inf", "trainer.epochs=inf"),
     ("scheduler.warmup_steps=-5", "scheduler.warmup_steps=-5"),
     ("task.max_train_samples=0", "task.max_train_samples=0"),

@@ -15,7 +15,7 @@ import torch
 
 from ampft import tasks
 from ampft.config import ConfigError
-from ampft.data import build_dataloaders, length_chunks, prepare_data, split_by_length
+from ampft.data import build_dataloaders, chunk_cost, length_chunks, prepare_data, split_by_length
 from ampft.finetune import run
 from ampft.models import load_tokenizer
 from ampft.validation import validate
@@ -59,11 +59,12 @@ def test_split_by_length_is_the_cheapest_of_all_partitions():
 def test_split_by_length_keeps_batches_that_would_not_gain_whole():
     assert split_by_length([20] * 8, 4) == [list(range(8))]  # equal lengths: nothing to save
     assert split_by_length([5, 40, 12, 13], 1) == [[1, 3, 2, 0]]  # at most one chunk: the whole batch
-    assert len(split_by_length([120, 8, 8, 8, 8, 8, 8, 8], 4)) == 2  # the long row alone
+    assert len(split_by_length([120, 8, 8, 8, 8, 8, 8, 8], 4, overhead=124)) == 2  # the long row alone
+    assert len(split_by_length([40, 8, 8, 8], 4, overhead=124)) == 1  # saves 96 tokens: not worth a chunk
     assert split_by_length([], 4) == []
 
 
-def _sst2(compose, tmp_path, *overrides):
+def _sst2(compose, tmp_path, *overrides, model=None):
     cfg = compose(["model=tiny-bert", "task=sst2", f"task.train_file={shared('sst2', 'train_first1000.tsv')}",
                    f"task.validation_file={shared('sst2', 'dev.tsv')}", "task.max_train_samples=256",
                    "task.max_length=64", "trainer.batch_size=32", f"cache_dir={tmp_path}", *overrides])
@@ -71,7 +72,7 @@ def _sst2(compose, tmp_path, *overrides):
     tokenizer = family.adapt_tokenizer(load_tokenizer(cfg.model))
     data = prepare_data(cfg, family, tokenizer, contextlib.nullcontext)
     torch.manual_seed(0)  # the random sampler's order (Accelerate seeds it from the config in a run)
-    return list(build_dataloaders(cfg, data, tokenizer, torch.device("cpu"))[0])
+    return list(build_dataloaders(cfg, data, tokenizer, torch.device("cpu"), model=model)[0])
 
 
 @pytest.mark.data
@@ -95,6 +96,31 @@ def test_chunked_batches_hold_the_batch_each_chunk_padded_to_its_own_longest_row
     assert padded["chunked"] < 0.75 * padded["whole"]
 
 
+def _bert(hidden: int, layers: int):
+    from transformers import BertConfig, BertForSequenceClassification
+    return BertForSequenceClassification(BertConfig(hidden_size=hidden, num_hidden_layers=layers,
+                                                    num_attention_heads=max(1, hidden // 64),
+                                                    intermediate_size=4 * hidden if hidden > 64 else 128))
+
+
+@pytest.mark.data
+def test_a_chunk_costs_fewer_tokens_the_bigger_the_model(compose, tmp_path):
+    # What one more chunk cost, measured by `scripts/microbench.py chunks` on the development CPU: MiniLM-L6
+    # 144 tokens; in one later run tiny-bert 345, MiniLM-L6 124 and BERT-base 62 (docs/benchmarks/microbench.md).
+    tiny, minilm, base = _bert(64, 2), _bert(384, 6), _bert(768, 12)
+    assert chunk_cost(minilm) == chunk_cost() == 144  # without a model: MiniLM-L6's
+    assert chunk_cost(tiny) / chunk_cost(minilm) == pytest.approx(345 / 124, rel=0.03)
+    assert chunk_cost(base) / chunk_cost(minilm) == pytest.approx(62 / 124, rel=0.03)
+    # The loader prices a chunk for the model it feeds: tiny-bert's costly chunks split fewer batches, into
+    # fewer chunks, than BERT-base's; trainer.length_chunk_cost overrides the estimate.
+    count = lambda batches: sum(len(b) if isinstance(b, list) else 1 for b in batches)  # noqa: E731
+    for_tiny = count(_sst2(compose, tmp_path, "trainer.length_chunks=4", model=tiny))
+    for_base = count(_sst2(compose, tmp_path, "trainer.length_chunks=4", model=base))
+    assert 8 < for_tiny < for_base <= 32
+    assert count(_sst2(compose, tmp_path, "trainer.length_chunks=4", f"trainer.length_chunk_cost={chunk_cost(base)}",
+                       model=tiny)) == for_base
+
+
 @pytest.mark.data
 @pytest.mark.parametrize("family", ["classification", "token_classification"])
 def test_a_run_in_chunks_trains_exactly_as_in_whole_batches(tiny, tmp_path, family):
@@ -107,8 +133,8 @@ def test_a_run_in_chunks_trains_exactly_as_in_whole_batches(tiny, tmp_path, fami
             "trainer.log_every=1", "checkpoint.export=false", f"cache_dir={tmp_path / 'cache'}"]
     summaries, losses = {}, {}
     for chunks in (1, 4):
-        out = tmp_path / str(chunks)
-        summaries[chunks] = run(tiny(*base, f"trainer.length_chunks={chunks}"), out)
+        out = tmp_path / str(chunks)  # a chunk priced at 0 tokens: as many chunks as cut any padding
+        summaries[chunks] = run(tiny(*base, f"trainer.length_chunks={chunks}", "trainer.length_chunk_cost=0"), out)
         events = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
         losses[chunks] = [e["loss"] for e in events if e["event"] == "train"]
     assert len(losses[1]) == 6 and losses[1][-1] < losses[1][0]  # it trained

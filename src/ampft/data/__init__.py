@@ -40,7 +40,7 @@ from ampft.data.load import DataError, file_digest
 if TYPE_CHECKING:  # the families import this package's loaders
     from ampft.tasks.base import Family
 
-__all__ = ["DataError", "TaskData", "LengthGroupedSampler", "LengthChunks", "split_by_length", "prepare_data",
+__all__ = ["DataError", "TaskData", "LengthGroupedSampler", "LengthChunks", "chunk_cost", "split_by_length", "prepare_data",
            "build_dataloaders", "eval_dataloader", "padding", "num_workers", "length_chunks"]
 
 log = logging.getLogger(__name__)
@@ -147,14 +147,20 @@ class LengthGroupedSampler(Sampler[int]):
             yield from batch
 
 
-# What one more forward and backward costs beyond its tokens, in tokens: the per-call work that does not
-# shrink with the chunk (every weight's gradient written and accumulated, the embedding's dense gradient).
-# Fitted on the development CPUs by `python scripts/microbench.py chunks` (docs/benchmarks/microbench.md).
-CHUNK_OVERHEAD_TOKENS = 144
+def chunk_cost(model=None) -> int:
+    """What one more forward and backward costs beyond its tokens, in tokens: the per-call work that does not
+    shrink with the chunk (every weight's gradient written and accumulated, the embedding's dense gradient,
+    each op's dispatch). It grows more slowly with the model than the work per token does, so the bigger the
+    model, the fewer tokens a chunk costs: 144 for MiniLM-L6 (22.7M parameters), times (parameters /
+    22.7M)^-0.43. `python scripts/microbench.py chunks` on the development CPU measured 144 tokens for MiniLM-L6
+    and, in another run, tiny-bert 345, MiniLM-L6 124 and BERT-base 62: the exponent is the fit to those three
+    (docs/benchmarks/microbench.md). Without a model: MiniLM-L6's."""
+    params = sum(p.numel() for p in model.parameters()) if model is not None else 22.7e6
+    return round(144 * (params / 22.7e6) ** -0.43)
 
 
 def split_by_length(lengths: list[int], max_chunks: int, multiple: int | None = None,
-                    overhead: int = CHUNK_OVERHEAD_TOKENS) -> list[list[int]]:
+                    overhead: int = 0) -> list[list[int]]:
     """Split one batch (positions into `lengths`) into at most `max_chunks` chunks of consecutive rows of the
     batch sorted longest first, choosing the cuts that minimise the padded tokens (each chunk padded to its
     longest row, rounded up to `multiple`) plus `overhead` tokens per chunk. Longest chunk first; ties
@@ -188,11 +194,11 @@ class LengthChunks:
     batch's: the same examples and gradient as the unsplit batch (up to float rounding and the dropout
     masks), with less padding. A list of chunks is what the engine takes as one batch."""
 
-    def __init__(self, collate, max_chunks: int, multiple: int | None = None):
-        self.collate, self.max_chunks, self.multiple = collate, max_chunks, multiple
+    def __init__(self, collate, max_chunks: int, multiple: int | None, cost: int):
+        self.collate, self.max_chunks, self.multiple, self.cost = collate, max_chunks, multiple, cost
 
     def __call__(self, features: list[dict]):
-        chunks = split_by_length([len(f["input_ids"]) for f in features], self.max_chunks, self.multiple)
+        chunks = split_by_length([len(f["input_ids"]) for f in features], self.max_chunks, self.multiple, self.cost)
         if len(chunks) <= 1:
             return self.collate(features)
         return [self.collate([features[i] for i in chunk]) for chunk in chunks]
@@ -296,7 +302,8 @@ def build_dataloaders(cfg: DictConfig, data: TaskData, tokenizer: PreTrainedToke
     # Own generators: creating an iterator must not draw from the global RNG, or a resumed run's dropout
     # masks (restored RNG state, then a fresh iterator) would differ from the uninterrupted run's.
     chunks = length_chunks(cfg, device)
-    train_collate = LengthChunks(collate, chunks, padding(cfg, tokenizer, device)["pad_to_multiple_of"]) \
+    cost = tr.length_chunk_cost if tr.length_chunk_cost is not None else chunk_cost(model)
+    train_collate = LengthChunks(collate, chunks, padding(cfg, tokenizer, device)["pad_to_multiple_of"], cost) \
         if chunks > 1 else collate
     train_dl = DataLoader(train, batch_size=tr.batch_size, sampler=sampler, collate_fn=train_collate,
                           **_loader_kwargs(cfg, device))
