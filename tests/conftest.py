@@ -15,7 +15,11 @@ if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
     os.environ.setdefault("OMP_NUM_THREADS",
                           str(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))))
 
+import random  # noqa: E402
+
+import numpy as np  # noqa: E402
 import pytest  # noqa: E402
+import torch  # noqa: E402
 
 from tests.helpers import TINY, compose_config  # noqa: E402
 
@@ -23,6 +27,15 @@ from tests.helpers import TINY, compose_config  # noqa: E402
 @pytest.fixture(scope="session", autouse=True)
 def _cache_dir(tmp_path_factory):
     os.environ["AMPFT_CACHE"] = str(tmp_path_factory.mktemp("ampft-cache"))
+
+
+@pytest.fixture(autouse=True)
+def _seeded():
+    """Every test starts from the same global random state, whichever tests ran before it in its process:
+    pytest-xdist deals tests to workers in no fixed order."""
+    random.seed(0)
+    np.random.seed(0)
+    torch.manual_seed(0)
 
 
 @pytest.fixture

@@ -482,7 +482,7 @@ def _waste(order: list[int], lengths: list[int], bs: int) -> int:
 
 def test_length_grouped_sampler_groups_shuffles_and_is_reproducible():
     g = torch.Generator().manual_seed(0)
-    lengths = (torch.distributions.LogNormal(2.5, 0.6).sample((1003,)).clamp(3, 128).long()).tolist()  # SST-2-like
+    lengths = torch.exp(2.5 + 0.6 * torch.randn(1003, generator=g)).clamp(3, 128).long().tolist()  # SST-2-like
     bs = 16
     sampler = LengthGroupedSampler(lengths, bs, seed=7, mega_batches=8)
 
@@ -500,9 +500,9 @@ def test_length_grouped_sampler_groups_shuffles_and_is_reproducible():
     # Batches come shuffled, not in waves of decreasing length.
     tops = [max(lengths[i] for i in b) for b in batches[1:-1]]
     assert tops != sorted(tops, reverse=True) and tops != sorted(tops)
-    # Padding nearly vanishes: far less than random batches of the same size.
+    # Padding nearly vanishes: far less than random batches of the same size (0.16-0.27 of it over 30 draws).
     random_order = torch.randperm(1003, generator=g).tolist()
-    assert _waste(e0, lengths, bs) < 0.25 * _waste(random_order, lengths, bs)
+    assert _waste(e0, lengths, bs) < 0.3 * _waste(random_order, lengths, bs)
 
 
 def test_the_dataloader_follows_the_length_grouped_sampler(compose, tmp_path, tokenizer):
