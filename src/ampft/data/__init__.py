@@ -147,6 +147,9 @@ class LengthGroupedSampler(Sampler[int]):
             yield from batch
 
 
+MINILM_CHUNK_COST, MINILM_PARAMS = 144, 22.7e6  # chunk_cost's reference: MiniLM-L6, measured
+
+
 def chunk_cost(model=None) -> int:
     """What one more forward and backward costs beyond its tokens, in tokens: the per-call work that does not
     shrink with the chunk (every weight's gradient written and accumulated, the embedding's dense gradient,
@@ -155,8 +158,10 @@ def chunk_cost(model=None) -> int:
     22.7M)^-0.43. `python scripts/microbench.py chunks` on the development CPU measured 144 tokens for MiniLM-L6
     and, in another run, tiny-bert 345, MiniLM-L6 124 and BERT-base 62: the exponent is the fit to those three
     (docs/benchmarks/microbench.md). Without a model: MiniLM-L6's."""
-    params = sum(p.numel() for p in model.parameters()) if model is not None else 22.7e6
-    return round(144 * (params / 22.7e6) ** -0.43)
+    if model is None:
+        return MINILM_CHUNK_COST
+    params = sum(p.numel() for p in model.parameters())
+    return round(MINILM_CHUNK_COST * (params / MINILM_PARAMS) ** -0.43)
 
 
 def split_by_length(lengths: list[int], max_chunks: int, multiple: int | None = None,
@@ -302,9 +307,10 @@ def build_dataloaders(cfg: DictConfig, data: TaskData, tokenizer: PreTrainedToke
     # Own generators: creating an iterator must not draw from the global RNG, or a resumed run's dropout
     # masks (restored RNG state, then a fresh iterator) would differ from the uninterrupted run's.
     chunks = length_chunks(cfg, device)
-    cost = tr.length_chunk_cost if tr.length_chunk_cost is not None else chunk_cost(model)
-    train_collate = LengthChunks(collate, chunks, padding(cfg, tokenizer, device)["pad_to_multiple_of"], cost) \
-        if chunks > 1 else collate
+    train_collate = collate
+    if chunks > 1:  # the model's parameters are counted only when batches are split
+        cost = tr.length_chunk_cost if tr.length_chunk_cost is not None else chunk_cost(model)
+        train_collate = LengthChunks(collate, chunks, padding(cfg, tokenizer, device)["pad_to_multiple_of"], cost)
     train_dl = DataLoader(train, batch_size=tr.batch_size, sampler=sampler, collate_fn=train_collate,
                           **_loader_kwargs(cfg, device))
     return train_dl, eval_dataloader(cfg, data, data.validation, tokenizer, device, model)
