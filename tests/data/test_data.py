@@ -500,9 +500,10 @@ def test_length_grouped_sampler_groups_shuffles_and_is_reproducible():
     # Batches come shuffled, not in waves of decreasing length.
     tops = [max(lengths[i] for i in b) for b in batches[1:-1]]
     assert tops != sorted(tops, reverse=True) and tops != sorted(tops)
-    # Padding nearly vanishes: far less than random batches of the same size (0.16-0.27 of it over 30 draws).
+    # Padding nearly vanishes: far less than random batches of the same size (0.23 for this draw; 0.16-0.27
+    # over 30 draws, so the lengths come from the test's own generator, not the order tests happen to run in).
     random_order = torch.randperm(1003, generator=g).tolist()
-    assert _waste(e0, lengths, bs) < 0.3 * _waste(random_order, lengths, bs)
+    assert _waste(e0, lengths, bs) < 0.25 * _waste(random_order, lengths, bs)
 
 
 def test_the_dataloader_follows_the_length_grouped_sampler(compose, tmp_path, tokenizer):
