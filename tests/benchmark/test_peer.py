@@ -344,3 +344,88 @@ def test_a_stopped_benchmark_keeps_a_report_of_the_seeds_it_finished(tmp_path, m
     assert "**Partial**: seeds [1] of the [1, 2, 3] asked for" in md
     (tmp_path / "report.md").unlink()
     assert rerender(tmp_path).read_text() == md
+
+
+def _fake_peer(monkeypatch, seeds: list[int], arms: str, out_dir, metric=lambda arm, seed: 0.80 + 0.01 * seed):
+    """run_peer over `seeds` with arms that return made-up but seed-dependent speeds and metrics at once (what
+    combine works on is results.json, the same whatever produced the runs)."""
+    from ampft.benchmark.peer import runner
+
+    def fake_arm(arm, cfg, arm_dir, profile_steps=0):
+        seed = cfg.trainer.seed
+        run = _run(arm.name, (10.0 if arm.runner == "trainer" else 30.0) + seed, metric(arm.name, seed),
+                   precision=cfg.precision.name.value)
+        return {k: v for k, v in run.items() if k not in ("arm", "train_examples", "model_tflops")}
+
+    monkeypatch.setattr(runner, "_run_arm", fake_arm)
+    monkeypatch.setattr(runner, "epoch_flops", lambda cfg: (320, 1e12))
+    p = compose_peer(['peer.overrides=["model=tiny-bert"]', f"peer.seeds={seeds}", "peer.targets=[]",
+                      "peer.accuracy_reference=[trainer]", f"peer.arms={arms}"])
+    run_peer(p, out_dir, command=f"peer seeds {seeds}")
+    return json.loads((out_dir / "results.json").read_text())
+
+
+ARMS = '[{name: trainer, runner: trainer}, {name: ampft, runner: ampft}, {name: ampft-bf16, runner: ampft, overrides: ["precision=bf16"]}]'
+
+
+def test_combine_summarizes_seeds_from_separate_runs_as_one_run_over_all_of_them(tmp_path, monkeypatch):
+    """Seed 1 in one run, seeds 2-3 in another, and seed 1 of the Trainer measured again in a third: the combined
+    report is the report of one run over seeds 1-3 (the same medians, means, paired differences and bf16
+    gains), names its sources and is not partial."""
+    from ampft.benchmark.peer.combine import combine
+
+    def metric(arm, seed):
+        return 0.80 + 0.01 * seed + {"trainer": 0.0, "ampft": -0.004 * seed, "ampft-bf16": 0.003}[arm]
+
+    one = _fake_peer(monkeypatch, [1, 2, 3], ARMS, tmp_path / "one", metric)
+    _fake_peer(monkeypatch, [1], ARMS, tmp_path / "s1", metric)
+    _fake_peer(monkeypatch, [2, 3], ARMS, tmp_path / "s23", metric)
+    _fake_peer(monkeypatch, [1], "[{name: trainer, runner: trainer}, {name: ampft, runner: ampft}]",
+               tmp_path / "again", metric)
+    md = combine([tmp_path / "s1", tmp_path / "s23", tmp_path / "again"], tmp_path / "all", command="combine").read_text()
+    combined = json.loads((tmp_path / "all" / "results.json").read_text())
+    for key in ("arms", "accuracy", "precision_gains", "by_precision", "setup", "targets"):
+        assert combined[key] == one[key], key
+    assert combined["arms"]["ampft"]["metric_per_seed"] == pytest.approx([80.6, 81.2, 81.8])
+    assert [(r["arm"], r["seed"], r["source"]) for r in combined["runs"]][:3] == [
+        ("trainer", 1, str(tmp_path / "s1")), ("ampft", 1, str(tmp_path / "s1")), ("ampft-bf16", 1, str(tmp_path / "s1"))]
+    assert len(combined["runs"]) == 9  # the Trainer's seed 1 once, from the first directory
+    assert "Combined from 3 runs" in md and f"- `{tmp_path / 's23'}`: seeds [2, 3], arms trainer, ampft, ampft-bf16" in md
+    assert "**Partial**" not in md and "Paired over 3 seeds" in md
+    # The same report as one run's but for when, how and where from (the machine section is the same machine's).
+    def body(text):
+        return [line for line in text.split("## Hardware")[0].splitlines()
+                if line and not line.startswith(("Measured", "Command", "Combined", "- `"))]
+
+    assert body(md) == body((tmp_path / "one" / "report.md").read_text())
+
+
+def test_combine_refuses_runs_that_are_not_one_comparison_and_names_every_reason(tmp_path, monkeypatch, capsys):
+    from ampft.benchmark.peer.combine import combine, main
+
+    _fake_peer(monkeypatch, [1], ARMS, tmp_path / "a")
+    _fake_peer(monkeypatch, [2], ARMS, tmp_path / "b", metric=lambda arm, seed: 0.9)
+    _fake_peer(monkeypatch, [1, 2], '[{name: trainer, runner: trainer}, {name: ampft, runner: ampft, '
+               'overrides: ["trainer.length_chunks=1"]}]', tmp_path / "c", metric=lambda arm, seed: 0.7)
+    b = json.loads((tmp_path / "b" / "results.json").read_text())
+    b["environment"]["cpu_features"] = ["avx2", "avx512_bf16"]
+    b["config"]["extra"] = ["task.max_train_samples=2000"]
+    (tmp_path / "b" / "results.json").write_text(json.dumps(b))
+    with pytest.raises(BenchmarkConfigError) as err:
+        combine([tmp_path / "a", tmp_path / "b", tmp_path / "c"], tmp_path / "out")
+    msg = str(err.value)
+    assert f"{tmp_path / 'b'}: peer.extra=['task.max_train_samples=2000']" in msg and "another setup" in msg
+    assert "cpu_features ['avx2', 'avx512_bf16'] vs" in msg and "cannot be one median" in msg
+    assert "arm ampft: ampft [] in" in msg and "['trainer.length_chunks=1'] in" in msg
+    assert "arm trainer seed 1: {'accuracy': 0.81} in" in msg and "{'accuracy': 0.7} in" in msg
+    assert "arm ampft-bf16 has no run for seed(s) [2]" not in msg  # b measured it
+    assert not (tmp_path / "out").exists()  # nothing written
+    # A missing seed, and the command line: exit 2 with the reason, not a traceback.
+    _fake_peer(monkeypatch, [3], "[{name: trainer, runner: trainer}, {name: ampft, runner: ampft}]", tmp_path / "d")
+    with pytest.raises(SystemExit) as exit_:
+        main([str(tmp_path / "out"), str(tmp_path / "a"), str(tmp_path / "d"), str(tmp_path / "nowhere")])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "nowhere: no readable results.json" in err
+    with pytest.raises(BenchmarkConfigError, match=r"arm ampft-bf16 has no run for seed\(s\) \[3\]"):
+        combine([tmp_path / "a", tmp_path / "d"], tmp_path / "out")

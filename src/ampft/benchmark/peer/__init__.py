@@ -9,7 +9,9 @@ after the other, and writes results.json and report.md. The same split as the pr
 - `runner`: `run_peer`, the orchestrator, and the parent's side of the subprocess protocol;
 - `results`: per-arm statistics over seeds, speed ratios, targets and accuracy checks, and each side's
   gain from bf16 over its fp32 twin (`precision_pairs`);
-- `report`: report.md (tables as in `ampft.benchmark.report`).
+- `report`: report.md (tables as in `ampft.benchmark.report`);
+- `combine`: the seeds of several saved runs of one setup as one report
+  (`python -m ampft.benchmark.peer.combine OUT RUN_DIR...`).
 
 Per arm: training samples/s and non-padding tokens/s (over the training loop alone), the process's wall
 time (interpreter start to exit: imports, model, tokenization, training, evaluation), the evaluation

@@ -35,6 +35,11 @@ def render(results: dict) -> str:
         f"Command: `{results['command'] or 'run_peer(...)'}`",
         "",
     ]
+    if sources := results.get("sources"):  # `combine`: seeds measured in separate runs
+        lines += [f"Combined from {len(sources)} runs of this setup on this machine "
+                  "(`ampft.benchmark.peer.combine`), summarized as one:", ""]
+        lines += [f"- `{s['dir']}`: seeds {s['seeds']}, arms {', '.join(s['arms'])}; `{s['command']}`" for s in sources]
+        lines.append("")
     if len(results.get("seeds_requested") or setup["seeds"]) > len(setup["seeds"]):
         lines += [f"**Partial**: seeds {setup['seeds']} of the {results['seeds_requested']} asked for were measured "
                   "when this report was written (it is rewritten after every seed; the benchmark stopped or "
