@@ -391,10 +391,10 @@ def test_combine_summarizes_seeds_from_separate_runs_as_one_run_over_all_of_them
         ("trainer", 1, str(tmp_path / "s1")), ("ampft", 1, str(tmp_path / "s1")), ("ampft-bf16", 1, str(tmp_path / "s1"))]
     assert len(combined["runs"]) == 9  # the Trainer's seed 1 once, from the first directory
     assert "Combined from 3 runs" in md and f"- `{tmp_path / 's23'}`: seeds [2, 3], arms trainer, ampft, ampft-bf16" in md
-    assert "**Partial**" not in md and "Paired over 3 seeds" in md
+    assert "**Partial**" not in md and "Paired over 3 seeds" in md and "both ran in each of these runs" in md
     # The same report as one run's but for when, how and where from (the machine section is the same machine's).
     def body(text):
-        return [line for line in text.split("## Hardware")[0].splitlines()
+        return [line for line in text.replace("each of these runs", "this run").split("## Hardware")[0].splitlines()
                 if line and not line.startswith(("Measured", "Command", "Combined", "- `"))]
 
     assert body(md) == body((tmp_path / "one" / "report.md").read_text())
