@@ -25,8 +25,8 @@ from omegaconf import OmegaConf
 
 from ampft.benchmark.config import BenchmarkConfigError
 from ampft.benchmark.peer.config import PeerConfig, check
-from ampft.benchmark.peer.report import write_report
 from ampft.benchmark.peer.results import summarize
+from ampft.benchmark.peer.runner import save
 from ampft.errors import exit_on_error
 
 # What makes two runs' timings comparable; the date, load and kernel release may differ.
@@ -60,12 +60,14 @@ def combine(run_dirs: list[str | Path], out_dir: str | Path, command: str | None
             problems.append(f"{d}: measured on another machine or software than {dirs[0]} ("
                             + ", ".join(f"{k} {old['environment'].get(k)} vs {first['environment'].get(k)}"
                                         for k in diff) + "): their speeds cannot be one median")
-    arms: dict[str, dict] = {}
+    arms: dict[str, dict] = {}  # name -> the arm, as the first directory that has it defines it
+    defined_in: dict[str, Path] = {}
     for d, old in zip(dirs, olds, strict=True):
         for arm in old["config"]["arms"]:
-            known = arms.setdefault(arm["name"], dict(arm, source=d))
+            known = arms.setdefault(arm["name"], arm)
+            where = defined_in.setdefault(arm["name"], d)
             if (known["runner"], known["overrides"]) != (arm["runner"], arm["overrides"]):
-                problems.append(f"arm {arm['name']}: {known['runner']} {known['overrides']} in {known['source']}, "
+                problems.append(f"arm {arm['name']}: {known['runner']} {known['overrides']} in {where}, "
                                 f"{arm['runner']} {arm['overrides']} in {d}: rename one")
     runs: dict[tuple[str, int], dict] = {}
     for d, old in zip(dirs, olds, strict=True):
@@ -89,7 +91,7 @@ def combine(run_dirs: list[str | Path], out_dir: str | Path, command: str | None
 
     p = OmegaConf.merge(OmegaConf.structured(PeerConfig), first["config"], {
         "seeds": seeds, "targets": union("targets"), "accuracy_reference": union("accuracy_reference"),
-        "arms": [{k: v for k, v in a.items() if k != "source"} for a in arms.values()]})
+        "arms": list(arms.values())})
     ordered = [runs[(a, s)] for s in seeds for a in arms]
     env = dict(first["environment"],
                date=", ".join(dict.fromkeys(old["environment"]["date"] for old in olds)),
@@ -98,10 +100,7 @@ def combine(run_dirs: list[str | Path], out_dir: str | Path, command: str | None
     results["seeds_requested"] = seeds
     results["sources"] = [dict(dir=str(d), command=old["command"], seeds=old["setup"]["seeds"],
                                arms=[a["name"] for a in old["config"]["arms"]]) for d, old in zip(dirs, olds, strict=True)]
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "results.json").write_text(json.dumps(results, indent=1, default=str))
-    return write_report(results, out_dir)
+    return save(results, out_dir)
 
 
 @exit_on_error

@@ -112,10 +112,11 @@ def _precision_section(results: dict) -> list[str]:
     if not gains:
         return []
     metric = results["setup"]["metric"]
+    ran_in = "each of these runs" if results.get("sources") else "this run"  # `combine`: several runs
     out = []
     for prec in dict.fromkeys(g["precision"] for g in gains):
         out += [f"## {prec} against fp32", "",
-                f"Each pair differs only in `precision`; both ran in {'each of these runs' if results.get('sources') else 'this run'}, with the same seeds and data, so "
+                f"Each pair differs only in `precision`; both ran in {ran_in}, with the same seeds and data, so "
                 f"the {metric} difference is paired by seed (the mean of the per-seed differences, in points).", ""]
         rows = [[g["runner"], g["fp32"], g["arm"], f"{arms[g['fp32']]['samples_per_second']:.1f}",
                  f"{arms[g['arm']]['samples_per_second']:.1f}", f"{g['ratio']:.2f}x",

@@ -68,6 +68,13 @@ def _report(p: DictConfig, cfgs: dict[str, DictConfig], runs: list[dict], flops:
         r["model_tflops"] = per_epoch * r["epochs"] / r["train_seconds"] / 1e12
     results = summarize(p, cfgs, runs, env, command)
     results["seeds_requested"] = requested
+    return save(results, out_dir)
+
+
+def save(results: dict, out_dir: str | Path) -> Path:
+    """results.json and report.md into out_dir (created if need be); return report.md."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "results.json").write_text(json.dumps(results, indent=1, default=str))
     return write_report(results, out_dir)
 
@@ -79,8 +86,7 @@ def rerender(out_dir: str | Path) -> Path:
     p = OmegaConf.merge(OmegaConf.structured(PeerConfig), old["config"])
     results = summarize(p, check(p), old["runs"], old["environment"], old["command"])
     results["seeds_requested"] = old.get("seeds_requested", list(p.seeds))
-    (out_dir / "results.json").write_text(json.dumps(results, indent=1, default=str))
-    return write_report(results, out_dir)
+    return save(results, out_dir)
 
 
 def epoch_flops(cfg: DictConfig) -> tuple[int, float]:
