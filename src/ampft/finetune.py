@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+import atexit
+import functools
 import logging
 import math
 import time
@@ -99,6 +101,7 @@ def run(cfg: DictConfig, run_dir: Path, started: float | None = None) -> dict[st
         torch.cuda.reset_peak_memory_stats()
     try:
         training, tokenizer, ran_precision = build(cfg, run_dir)
+        end_process_group_at_exit()
         setup_seconds = time.perf_counter() - started  # to the first training step: model, data, cache
         try:
             fit(training)
@@ -119,6 +122,17 @@ def run(cfg: DictConfig, run_dir: Path, started: float | None = None) -> dict[st
         return summary
     finally:
         reset_accelerate()
+
+
+@functools.cache
+def end_process_group_at_exit() -> None:
+    """The process group outlives each run (the export, the summary and their barriers need it, and multirun
+    jobs in one process share it); it is destroyed once, when the process exits."""
+    def end() -> None:
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
+    atexit.register(end)
 
 
 def reset_accelerate() -> None:

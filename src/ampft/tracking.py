@@ -84,11 +84,14 @@ class Tracker:
         self.bar.update(n)
 
     def close(self) -> None:
+        """Finish the trackers, not the process group: `accelerator.end_training()` would also destroy it, and
+        the export, the summary and their barriers still need it (`finetune.run` ends it once, at exit)."""
         self.bar.close()
         if self.jsonl is not None:
             self.jsonl.close()
         if self.trackers:
-            self.accelerator.end_training()
+            for tracker in self.accelerator.trackers:
+                tracker.finish()
 
 
 REPLACED = "metrics.replaced.jsonl"
