@@ -44,3 +44,27 @@ def shared(*parts: str) -> Path:
     if not path.exists():
         pytest.skip(f"real data not present: {path}")
     return path
+
+
+def assert_export_reproduces(run_dir: Path) -> dict:
+    """The run's exported folder, reloaded as a user reloads it (`make evaluate run=RUN_DIR`: `from_pretrained`,
+    the run's precision, one process), scores exactly what the run's final evaluation scored: every metric and
+    the loss. Also every weight of the model is in the export (from_pretrained would start a missing one from
+    random weights, with only a warning). Returns the reloaded evaluation."""
+    import json
+    import subprocess
+    import sys
+
+    from ampft.tasks import family_for
+
+    summary = json.loads((run_dir / "summary.json").read_text())
+    _, info = family_for(summary["task_family"]).model_class.from_pretrained(run_dir / "model",
+                                                                               output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    proc = subprocess.run([sys.executable, "recipes/eval.py", f"run={run_dir}", "name=export-check"], cwd=ROOT,
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    reloaded = json.loads((run_dir / "evaluations" / "export-check" / "eval.json").read_text())
+    assert reloaded["metrics"] == summary["eval"], (reloaded["metrics"], summary["eval"])
+    assert reloaded["samples"] == summary["eval_samples"]
+    return reloaded

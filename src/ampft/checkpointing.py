@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from accelerate import Accelerator
+from accelerate.utils import is_compiled_module
 from accelerate.utils import load as accelerate_load
 from omegaconf import OmegaConf
 
@@ -388,9 +389,16 @@ def check_config(path: Path, current: dict[str, Any], allow: bool) -> None:
 def export(accelerator: Accelerator, model, tokenizer, out_dir: Path, config: dict[str, Any], card: str) -> None:
     """A Hugging Face model folder: safetensors weights, config, tokenizer, the ampft config, a model card."""
     accelerator.wait_for_everyone()
+    if is_compiled_module(model):  # torch.compile's wrapper would prefix every key with `_orig_mod.`
+        model = model._orig_mod
     unwrapped = accelerator.unwrap_model(model)
     state_dict = accelerator.get_state_dict(model)
     if accelerator.is_main_process:
+        expected = set(unwrapped.state_dict())
+        if set(state_dict) != expected:  # from_pretrained would start those weights from random, with a warning
+            odd = sorted(set(state_dict) ^ expected)
+            raise RuntimeError(f"the export's weights are not the model's, key for key ({len(odd)} differ, e.g. "
+                               f"{odd[:3]}): not writing {out_dir}")
         unwrapped.save_pretrained(out_dir, state_dict=state_dict, safe_serialization=True)
         tokenizer.save_pretrained(out_dir)
         (out_dir / "ampft_config.yaml").write_text(OmegaConf.to_yaml(config))

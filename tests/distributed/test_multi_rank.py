@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from ampft.distributed import deepspeed_config
-from tests.helpers import CONF, ROOT, TINY
+from tests.helpers import CONF, ROOT, TINY, assert_export_reproduces
 
 NO_DROPOUT = ["+model.arch.hidden_dropout_prob=0.0", "+model.arch.attention_probs_dropout_prob=0.0"]
 DEEPSPEED = sorted(p.stem for p in (CONF / "distributed").glob("deepspeed-*.yaml"))
@@ -267,6 +267,7 @@ def test_two_cpu_ranks_equal_one_process_through_sigkill_and_resume(tmp_path, on
     assert len(_events(run_dir, "eval")) == 1  # only rank 0 writes
 
     _check_export_and_shares(backend, run_dir, one_process)
+    assert_export_reproduces(run_dir)  # reloaded in one process, the export scores the run's final evaluation
 
 
 @pytest.mark.distributed
@@ -309,6 +310,7 @@ def test_deepspeed_bf16_runs_autocast_like_every_other_backend(tmp_path):
     # fp32 weights: the export is fp32, as after a one-process bf16 run
     config = json.loads((tmp_path / "z2" / "model" / "config.json").read_text())
     assert config.get("dtype", config.get("torch_dtype")) == "float32"
+    assert_export_reproduces(tmp_path / "z2")
 
 
 @pytest.mark.distributed
@@ -381,6 +383,10 @@ def test_a_hand_typed_accelerate_launch_takes_its_world_from_the_launcher(tmp_pa
     assert proc.returncode == 0, proc.stderr[-3000:]
     s = json.loads((tmp_path / "summary.json").read_text())
     assert (s["num_processes"], s["steps"], s["train_samples"]) == (2, 4, 4 * 16 * 2)
+    assert "Setting accelerator to CPU" not in proc.stdout + proc.stderr  # DeepSpeed installed, not used: silent
+    # With the default logging (TensorBoard) on, the run still exports and summarises after training.
+    assert list((tmp_path / "tensorboard").rglob("events.out.tfevents.*"))
+    assert_export_reproduces(tmp_path)
     if not torch_cuda():
         assert s["distributed_type"] == "MULTI_CPU"
 

@@ -11,6 +11,7 @@ import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from ampft.finetune import run
+from tests.helpers import assert_export_reproduces
 
 
 def _events(run_dir, kind):
@@ -58,29 +59,12 @@ def test_tiny_bert_trains_and_exports(tiny, tmp_path, precision):
     assert logits.shape == (2, 2) and torch.isfinite(logits).all()
 
 
-def test_export_matches_final_eval(tiny, tmp_path):
-    """The exported weights are the trained ones: re-evaluating them gives the run's final accuracy."""
-    from ampft.data import prepare_data
-    from ampft.tasks import family_for
-    from ampft.tasks.classification.metrics import compute
-
-    cfg = tiny("trainer.max_steps=40")
-    summary = run(cfg, tmp_path)
-    model = AutoModelForSequenceClassification.from_pretrained(tmp_path / "model").eval()
-    tok = AutoTokenizer.from_pretrained(tmp_path / "model")
-    import contextlib
-
-    data = prepare_data(cfg, family_for("classification"), tok, contextlib.nullcontext)
-    val = data.validation
-    with torch.inference_mode():
-        preds = []
-        for i in range(0, len(val), 32):
-            rows = val[i:i + 32]
-            batch = tok.pad({k: rows[k] for k in ("input_ids", "attention_mask", "token_type_ids")},
-                            return_tensors="pt")
-            preds += model(**batch).logits.argmax(-1).tolist()
-    acc = compute(["accuracy"], preds, val["labels"])["accuracy"]
-    assert acc == pytest.approx(summary["eval"]["accuracy"])
+@pytest.mark.parametrize("precision", ["fp32", "fp16", "bf16"])
+def test_the_export_reloads_to_the_runs_final_evaluation(tiny, tmp_path, precision):
+    """Reloaded with from_pretrained (`make evaluate run=`), the export scores exactly the run's final metrics and
+    loss, in each precision."""
+    run(tiny(f"precision={precision}", "trainer.max_steps=12", "task.max_train_samples=192"), tmp_path)
+    assert_export_reproduces(tmp_path)
 
 
 def test_grad_accum_counts_optimizer_steps(tiny, tmp_path):
