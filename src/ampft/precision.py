@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import platform
 
 import torch
@@ -230,11 +231,30 @@ def check_effective(accelerator: Accelerator, p: DictConfig) -> None:
         )
 
 
+def launcher_precision_problem(name: Precision, env: dict[str, str] | None = None) -> str | None:
+    """Accelerate told a mixed precision other than the precision group's: `accelerate launch --mixed_precision`,
+    `mixed_precision` in its config file (both reach the ranks as ACCELERATE_MIXED_PRECISION) or that variable set
+    by hand. ampft passes its own to `Accelerator`, which would silently win; the run is refused instead.
+    `no` is what `accelerate launch` sets when told nothing, so it never conflicts."""
+    told = (os.environ if env is None else env).get("ACCELERATE_MIXED_PRECISION", "no").strip().lower()
+    want = mixed_precision(name)
+    if told in ("", "no", want):
+        return None
+    fix = {"fp16": "precision=fp16", "bf16": "precision=bf16"}.get(told)
+    return (f"Accelerate was told mixed_precision={told} (accelerate launch --mixed_precision, mixed_precision in "
+            f"its config file, or ACCELERATE_MIXED_PRECISION) but the precision group says precision="
+            f"{Precision(name).value} (Accelerate's mixed_precision={want}). In ampft the precision group is the one "
+            "place precision is set: " + (f"pass {fix}, or " if fix else f"ampft has no {told}: ")
+            + f"drop the launcher's mixed_precision to run precision={Precision(name).value}")
+
+
 def preflight(cfg: DictConfig) -> tuple[list[str], list[str]]:
     """Hardware/precision problems (errors) and caveats (warnings), found before any model is built."""
     errors: list[str] = []
     warnings: list[str] = []
     p = cfg.precision
+    if problem := launcher_precision_problem(p.name):
+        errors.append(problem)
     cuda = torch.cuda.is_available() and not cfg.trainer.cpu
     gpu = torch.cuda.get_device_name() if cuda else None
     if p.name == Precision.bf16 and cuda and not torch.cuda.is_bf16_supported():

@@ -11,6 +11,7 @@ from accelerate import Accelerator
 from accelerate.state import AcceleratorState, GradientState
 
 from ampft import precision
+from ampft.config import ConfigError
 from ampft.validation import validate
 
 
@@ -194,3 +195,20 @@ def test_bf16_on_a_cpu_without_native_bf16_warns_that_it_is_slow(compose, monkey
     if warned:
         assert "precision=fp32" in slow[0] and "docs/benchmarks/README.md#fp16-and-bf16-speed-by-kind-of-cpu" in slow[0]
     assert not any("precision=bf16 on a CPU" in w for w in precision.preflight(compose(["precision=fp32"]))[1])
+
+
+@pytest.mark.parametrize(("told", "precision", "refused"), [
+    ("bf16", "fp32", True), ("fp16", "bf16", True), ("fp8", "bf16", True), ("bf16", "bf16", False),
+    ("fp16", "fp16", False), ("no", "bf16", False), ("no", "tf32", False),  # `no`: what accelerate launch sets untold
+])
+def test_a_launcher_precision_other_than_the_groups_is_refused(compose, monkeypatch, told, precision, refused):
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", told)
+    cfg = compose([f"precision={precision}"])
+    if not refused:
+        validate(cfg)
+        return
+    with pytest.raises(ConfigError) as err:
+        validate(cfg)
+    (problem,) = [p for p in err.value.problems if "Accelerate was told" in p]
+    assert f"mixed_precision={told}" in problem and f"precision={precision}" in problem
+    assert (f"pass precision={told}" in problem) == (told in ("fp16", "bf16"))
