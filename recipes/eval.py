@@ -14,8 +14,10 @@ from ampft.errors import exit_on_error
 @exit_on_error
 def main(e: DictConfig) -> None:
     from ampft.evaluation.saved import evaluate_saved
+    from ampft.tracking import clean_console
 
-    out = evaluate_saved(e)
+    with clean_console():
+        out = evaluate_saved(e)
     metrics = ", ".join(f"{k}={v:.4g}" for k, v in out["metrics"].items())
     print(f"{out['data']}: {metrics} ({out['samples']} examples) -> {out.get('path')}")
 

@@ -25,8 +25,10 @@ def main(cfg: DictConfig) -> float:
     if int(os.environ.get("RANK", "0")) != 0:  # only rank 0 reports; the others speak up on problems
         logging.getLogger().setLevel(logging.WARNING)
     from ampft.finetune import run
+    from ampft.tracking import clean_console
 
-    summary = run(cfg, HydraConfig.get().runtime.output_dir, started=STARTED)
+    with clean_console():
+        summary = run(cfg, HydraConfig.get().runtime.output_dir, started=STARTED)
     return summary["eval"][cfg.task.main_metric]
 
 

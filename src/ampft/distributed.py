@@ -164,10 +164,19 @@ def whole_model_init(accelerator):
         plugin.set_deepspeed_weakref()
 
 
+def quiet_deepspeed() -> None:
+    """Wherever DeepSpeed is installed, accelerate and transformers import it (unwrapping a model, say), and on a
+    machine without a GPU it then warns "Setting accelerator to CPU", DeepSpeed used or not. CPU is what it would
+    pick: say so up front (DS_ACCELERATOR), unless the user set it."""
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+
 def prepare_environment(cfg: DictConfig, run_dir: Path) -> None:
     """DeepSpeed JIT-builds its ops under TORCH_EXTENSIONS_DIR, by default ~/.cache/torch_extensions, shared by
     every run of the machine: a lock left there by a killed build hangs every later run. Each DeepSpeed run
     builds in its own folder unless TORCH_EXTENSIONS_DIR is set."""
+    quiet_deepspeed()
     if cfg.distributed.backend == Backend.deepspeed:
         os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(run_dir).resolve() / "torch_extensions"))
 

@@ -9,13 +9,18 @@ import logging
 import math
 import os
 import resource
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import accelerate.tracking
+import datasets
 import torch
+import transformers
 from accelerate import Accelerator
 from tqdm.auto import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +37,25 @@ def log_with(logger: str) -> str | None:
                     logger, logger, logger, logger, logger)
         return None
     return logger
+
+
+@contextmanager
+def clean_console() -> Iterator[None]:
+    """One console for a run: log lines go through tqdm, so they never land inside the progress bar's line, and
+    the only bar is ampft's own (datasets' Map/Saving bars and transformers' loading/writing bars are off for the
+    run, restored afterwards)."""
+    bars = [(datasets.is_progress_bar_enabled(), datasets.enable_progress_bars, datasets.disable_progress_bars),
+            (transformers.utils.logging.is_progress_bar_enabled(), transformers.utils.logging.enable_progress_bar,
+             transformers.utils.logging.disable_progress_bar)]
+    for _, _, off in bars:
+        off()
+    try:
+        with logging_redirect_tqdm():
+            yield
+    finally:
+        for was, on, _ in bars:
+            if was:
+                on()
 
 
 def peak_memory_bytes(device: torch.device) -> tuple[int, str]:

@@ -82,3 +82,42 @@ def test_multirun_gives_each_job_its_own_run_dir(tmp_path):
     summaries = sorted(tmp_path.glob("*/summary.json"))
     assert len(summaries) == 2
     assert {json.loads(p.read_text())["precision"] for p in summaries} == {"fp32", "bf16"}
+
+
+@pytest.mark.parametrize("told_by", ["flag", "config file"])
+def test_accelerate_launch_told_another_precision_is_refused_before_building(tmp_path, told_by):
+    """`accelerate launch --mixed_precision bf16` (or `mixed_precision: bf16` in its config file) with the default
+    precision=fp32: Accelerate's setting would be silently overridden; the run is refused, naming both."""
+    config = tmp_path / "accelerate.yaml"
+    config.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: 'NO'\nnum_processes: 1\n"
+                      "use_cpu: true\nmixed_precision: bf16\n")
+    told = ["--mixed_precision", "bf16", "--cpu"] if told_by == "flag" else ["--config_file", str(config)]
+    run_dir = tmp_path / "run"
+    proc = _run([sys.executable, "-m", "accelerate.commands.launch", *told, "--num_processes", "1",
+                 "recipes/finetune.py", *QUICK, f"hydra.run.dir={run_dir}"])
+    assert proc.returncode != 0
+    assert "error: 1 problem(s) in the config" in proc.stderr
+    assert "Accelerate was told mixed_precision=bf16" in proc.stderr and "precision=fp32" in proc.stderr
+    assert "pass precision=bf16" in proc.stderr
+    assert not (run_dir / "metrics.jsonl").exists() and not (run_dir / "tokenizer").exists()  # nothing built
+
+
+def test_one_clean_console_log_lines_never_share_the_progress_bars_line(tmp_path):
+    """The default run's console (stdout and stderr as one terminal shows them): every log line starts a line of
+    its own (logs go through tqdm, which clears its bar first), and the only progress bar is ampft's (no datasets
+    Map/Saving bars, no transformers weight bars)."""
+    import re
+
+    env = {**os.environ, "HYDRA_FULL_ERROR": "0"}
+    proc = subprocess.run([sys.executable, "recipes/finetune.py", *QUICK, "trainer.log_every=1",
+                           f"hydra.run.dir={tmp_path / 'run'}"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    out = proc.stdout
+    starts = [m.start() for m in re.finditer(r"\[\d{4}-\d\d-\d\d [\d:,]+\]\[", out)]
+    assert len(starts) >= 6  # a log line per step at least
+    assert all(i == 0 or out[i - 1] in "\r\n" for i in starts), [out[max(0, i - 60):i + 20] for i in starts
+                                                                  if i and out[i - 1] not in "\r\n"][:3]
+    assert "train:" in out  # ampft's bar is there
+    for other in ("Map:", "Saving the dataset", "tokenizing train", "Writing model shards", "Loading weights"):
+        assert other not in out, other

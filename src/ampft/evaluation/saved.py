@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from safetensors.torch import load_file
 from transformers import AutoConfig, AutoTokenizer
 
-from ampft import checkpointing, precision, tasks
+from ampft import checkpointing, distributed, precision, tasks
 from ampft.config import ConfigError, FinetuneConfig
 from ampft.data import eval_dataloader, prepare_data
 from ampft.errors import EvaluationError
@@ -93,6 +93,7 @@ def evaluate_saved(e: DictConfig) -> dict[str, Any]:
         tasks.check_installed(task.metrics, key=f"{cfg_path}: task.metrics")
     except ConfigError as exc:
         raise EvaluationError(exc.problems[0]) from exc
+    distributed.quiet_deepspeed()
     accelerator = Accelerator(**precision.accelerator_kwargs(cfg.precision), cpu=cfg.trainer.cpu)
     ran = precision.setup(accelerator, cfg.precision)
     tokenizer = AutoTokenizer.from_pretrained(weights if kind == "run" else run_dir / "tokenizer")
