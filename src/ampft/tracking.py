@@ -58,6 +58,19 @@ def clean_console() -> Iterator[None]:
                 on()
 
 
+def tracker_kwargs(logger: str, run_dir: Path) -> dict[str, dict]:
+    """Every output of a run inside its run dir, unless the user says where it goes: W&B's files (offline runs
+    too) in <run dir>/wandb unless WANDB_DIR is set; MLflow's store in <run dir>/mlflow.db unless
+    MLFLOW_TRACKING_URI is set (a server, or a store shared by runs)."""
+    if logger == "wandb" and "WANDB_DIR" not in os.environ:
+        return {"wandb": {"dir": str(Path(run_dir).resolve())}}
+    if logger == "mlflow" and "MLFLOW_TRACKING_URI" not in os.environ:
+        import mlflow
+
+        mlflow.set_tracking_uri(f"sqlite:///{Path(run_dir).resolve() / 'mlflow.db'}")  # per run: multirun jobs differ
+    return {}
+
+
 def peak_memory_bytes(device: torch.device) -> tuple[int, str]:
     """Peak memory of this process: CUDA allocator peak on GPU, peak resident set size on CPU."""
     if device.type == "cuda":
@@ -83,7 +96,8 @@ class Tracker:
         if self.trackers:
             # Trackers take numbers, strings and booleans: anything else (lists, None) as its text.
             accelerator.init_trackers(project, config={k: v if isinstance(v, int | float | str | bool) else str(v)
-                                                       for k, v in hparams.items()})
+                                                       for k, v in hparams.items()},
+                                      init_kwargs=tracker_kwargs(logger, run_dir))
         if self.main:
             trim_history(run_dir / "metrics.jsonl", history_until)
         self.jsonl = (run_dir / "metrics.jsonl").open("a") if self.main else None

@@ -113,6 +113,7 @@ def test_report_states_missed_targets_and_accuracy_gaps(tmp_path):
 @pytest.mark.slow
 def test_trainer_and_ampft_arms_run_for_real_in_fp32_and_bf16(tmp_path):
     train, dev = shared("sst2", "train_first1000.tsv"), shared("sst2", "dev.tsv")
+    # logging=none and no progress bar, as conf/peer/*.yaml ship them: the Trainer arm logs nowhere either.
     common = ["model=tiny-bert", "task=sst2", f"task.train_file={train}", f"task.validation_file={dev}",
               "task.max_train_samples=96", "task.max_eval_samples=51", "task.max_length=64", "trainer.batch_size=16",
               "trainer.epochs=1", "optim.lr=1e-3", "trainer.cpu=true", "logging=none", "trainer.progress_bar=false",
@@ -280,6 +281,7 @@ def test_with_random_batches_and_no_dropout_ampft_trains_exactly_as_the_trainer(
     data order and initialisation agree. Both arms are profiled the same way: the profile says where the step
     went and counts the tokens of the recorded steps."""
     train, dev = shared("sst2", "train_first1000.tsv"), shared("sst2", "dev.tsv")
+    # logging=none and no progress bar, as conf/peer/*.yaml ship them: the Trainer arm logs nowhere either.
     common = ["model=tiny-bert", "+model.arch.hidden_dropout_prob=0.0", "+model.arch.attention_probs_dropout_prob=0.0",
               "task=sst2", f"task.train_file={train}", f"task.validation_file={dev}", "task.max_train_samples=160",
               "task.max_eval_samples=64", "task.max_length=64", "trainer.batch_size=16", "trainer.epochs=1",

