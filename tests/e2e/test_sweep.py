@@ -7,8 +7,10 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -46,7 +48,7 @@ def _check_completed(job: dict) -> None:
     """A completed job's metric is its run's own final evaluation (summary.json in its run dir)."""
     summary = json.loads((Path(job["run_dir"]) / "summary.json").read_text())
     assert job["metric"] == "accuracy" and job["value"] == summary["eval"]["accuracy"]
-    assert job["error"] is None and 0 < job["wall_seconds"]
+    assert job["error"] is None and job["wall_seconds"] > 0
 
 
 @pytest.mark.slow
@@ -137,14 +139,14 @@ def test_optuna_study_maximises_the_main_metric(tmp_path):
 
 @pytest.mark.slow
 def test_optuna_failed_trial_is_recorded_and_the_study_goes_on(tmp_path):
-    """Every point of the grid is a trial; the lr=nan one fails (exit 2), Optuna counts it as failed and the study
-    finishes with the others."""
-    proc = _run(["recipes/finetune.py", "-m", "hydra/sweeper=optuna", "hydra/sweeper/sampler=grid",
-                 "hydra.sweeper.n_trials=3", "optim.lr=choice(1e-3, nan, 5e-4)", *BASE, "trainer.max_steps=4",
-                 f"hydra.sweep.dir={tmp_path}"])
+    """The first trial draws lr=nan, which fails (exit 2); Optuna counts it as failed and the study goes on.
+    (Random sampling with seed 1 draws the choices in the order nan, 1e-3, 5e-4.)"""
+    proc = _run(["recipes/finetune.py", "-m", "hydra/sweeper=optuna", "hydra/sweeper/sampler=random",
+                 "hydra.sweeper.sampler.seed=1", "hydra.sweeper.n_trials=3", "optim.lr=choice(1e-3, nan, 5e-4)",
+                 *BASE, "trainer.max_steps=4", f"hydra.sweep.dir={tmp_path}"])
     assert proc.returncode == 1, proc.stderr[-3000:]
     jobs = _jobs(tmp_path)
-    assert sorted(str(_lr(j)) for j in jobs) == ["0.0005", "0.001", "nan"]
+    assert [str(_lr(j)) for j in jobs] == ["nan", "0.001", "0.0005"]
     for job in jobs:
         if math.isnan(_lr(job)):
             assert job["status"] == "failed" and job["exit_code"] == 2 and job["error"].startswith("optim.lr=nan")
@@ -154,3 +156,27 @@ def test_optuna_failed_trial_is_recorded_and_the_study_goes_on(tmp_path):
     assert "Failed experiment: 1 problem(s) in the config" in proc.stdout + proc.stderr  # told to Optuna as failed
     result = yaml.safe_load((tmp_path / "optimization_results.yaml").read_text())
     assert result["best_value"] == max(j["value"] for j in jobs if j["status"] == "completed")
+
+
+@pytest.mark.slow
+def test_a_preempted_job_stops_the_sweep_with_75(tmp_path):
+    """SIGTERM during job 1: it checkpoints and is recorded as preempted, no further job starts (the machine is
+    going away), and the sweep exits 75 like a preempted single run."""
+    sweep = tmp_path / "sweep"
+    with (tmp_path / "out").open("w") as out, (tmp_path / "err").open("w") as err:
+        proc = subprocess.Popen([sys.executable, "recipes/finetune.py", "-m", *BASE, "optim.lr=1e-3",
+                                 "trainer.max_steps=4,400,4", f"hydra.sweep.dir={sweep}"],
+                                cwd=ROOT, stdout=out, stderr=err, text=True)
+        metrics = sweep / "1-tiny-bert-fp32" / "metrics.jsonl"
+        while not (metrics.is_file() and '"step": 10,' in metrics.read_text()):
+            assert proc.poll() is None, (tmp_path / "err").read_text()[-3000:]
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait() == 75, (tmp_path / "err").read_text()[-3000:]
+    jobs = _jobs(sweep)
+    assert [(j["status"], j["exit_code"]) for j in jobs] == [("completed", 0), ("preempted", 75)]
+    assert "checkpoint.resume=latest" in jobs[1]["message"]
+    assert list((Path(jobs[1]["run_dir"]) / "checkpoints").glob("step_*"))
+    assert not list(sweep.glob("2-*"))
+    _check_table(sweep, jobs)
+    assert "preempted: " in (tmp_path / "err").read_text()
