@@ -12,7 +12,8 @@
 | `TrainingDiverged`     | non-finite or exploding losses, collapsed fp16 scale    | 3         |
 | `Preempted`            | SIGTERM/SIGUSR1: checkpointed, resume later             | 75        |
 
-Every recipe's main function is wrapped by `exit_on_error`, the one place an error becomes an exit code.
+Every recipe's main function is wrapped by `exit_on_error`, the one place an error becomes an exit code (in a
+multirun recorded by `ampft.sweep`, the sweep's: each job's error is recorded there and the sweep goes on).
 Each class also keeps the builtin base it had (ValueError, RuntimeError, ImportError), so code that caught
 those still does. This module imports nothing from ampft: every other module may import it.
 """

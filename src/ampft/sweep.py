@@ -46,14 +46,17 @@ FAILED_EXIT_CODE = 1
 
 
 def _given(config: DictConfig, key: str) -> bool:
-    """Whether `key` was set on the command line (hydra.* overrides), e.g. hydra.sweeper.direction=maximize."""
+    """Whether `key` was set on the command line, e.g. hydra.sweeper.direction=maximize."""
     return any(o.lstrip("+~").split("=", 1)[0] == key for o in config.hydra.overrides.hydra)
 
 
 def _one_line(exc: BaseException) -> str:
     """A ConfigError's problems (without the count line); else the first line of the message."""
     problems = getattr(exc, "problems", None)
-    text = "; ".join(" ".join(p.split()) for p in problems) if problems else (str(exc).strip().splitlines() or [""])[0]
+    if problems:
+        text = "; ".join(" ".join(p.split()) for p in problems)
+    else:
+        text = (str(exc).strip().splitlines() or [""])[0]
     return text if isinstance(exc, AmpftError) else f"{type(exc).__name__}: {text}"
 
 
@@ -104,8 +107,9 @@ class SweepSummary(Callback):
         else:
             exc = job_return._return_value
             expected = isinstance(exc, AmpftError)
-            row.update(status=("preempted" if isinstance(exc, Preempted) else "failed") if expected else "crashed",
-                       exit_code=exc.exit_code if expected else 1, error=_one_line(exc), message=str(exc))
+            status = ("preempted" if isinstance(exc, Preempted) else "failed") if expected else "crashed"
+            row.update(status=status, exit_code=exc.exit_code if expected else 1, error=_one_line(exc),
+                       message=str(exc))
             if expected and self.basic:
                 job_return.status, job_return.return_value = JobStatus.COMPLETED, None
         self.rows.append(row)
@@ -115,7 +119,8 @@ class SweepSummary(Callback):
                  row["error"] or f"{metric}={_fmt(row['value'])}")
         if row["status"] == "preempted":
             log.error("sweep stopped at job %d (preempted); resume it with checkpoint.resume=latest "
-                      "hydra.run.dir=%s and its overrides; %s", row["job"], row["run_dir"], self.sweep_dir / "summary.md")
+                      "hydra.run.dir=%s and its overrides; %s", row["job"], row["run_dir"],
+                      self.sweep_dir / "summary.md")
             raise SystemExit(Preempted.exit_code)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
@@ -138,9 +143,10 @@ class SweepSummary(Callback):
             run_dir = Path(r["run_dir"])
             shown = run_dir.relative_to(self.sweep_dir) if run_dir.is_relative_to(self.sweep_dir) else run_dir
             value = "" if r["status"] != "completed" else f"{r['metric']}={_fmt(r['value'])}"
-            lines.append("| " + " | ".join(cell(x) for x in (
-                r["job"], " ".join(o for o in r["overrides"] if o.split("=", 1)[0] not in self.fixed_keys), r["status"], r["exit_code"], value,
-                f"{r['wall_seconds']:.1f} s", shown, r["error"] or "")) + " |")
+            varying = " ".join(o for o in r["overrides"] if o.split("=", 1)[0] not in self.fixed_keys)
+            cells = (r["job"], varying, r["status"], r["exit_code"], value, f"{r['wall_seconds']:.1f} s", shown,
+                     r["error"] or "")
+            lines.append("| " + " | ".join(cell(x) for x in cells) + " |")
         return "\n".join(lines)
 
     def _write(self) -> None:
@@ -150,7 +156,8 @@ class SweepSummary(Callback):
         head = (f"# Sweep {self.sweep_dir}\n\nCommon overrides: {' '.join(self.fixed) or '(none)'}\n\n"
                 f"{len(self.rows)} job(s) so far: {done} completed, {len(self.rows) - done} failed.\n\n")
         data = dict(sweep_dir=str(self.sweep_dir), common_overrides=self.fixed, jobs=self.rows)
-        for name, text in (("summary.json", json.dumps(data, indent=2) + "\n"), ("summary.md", head + self._table() + "\n")):
+        for name, text in (("summary.json", json.dumps(data, indent=2) + "\n"),
+                           ("summary.md", head + self._table() + "\n")):
             path = self.sweep_dir / name
             tmp = path.with_name(path.name + ".tmp")
             tmp.write_text(text)

@@ -53,9 +53,9 @@ def _check_completed(job: dict) -> None:
 
 @pytest.mark.slow
 def test_failed_jobs_are_recorded_and_the_sweep_goes_on(tmp_path):
-    """lr=nan is a ConfigError (exit 2) and lr=1e4 diverges (exit 3); the jobs after them still run."""
-    proc = _run(["recipes/finetune.py", "-m", *BASE, "trainer.max_steps=10", "trainer.log_every=2",
-                 "precision.max_consecutive_nonfinite=2", "optim.lr=1e-3,nan,1e4,5e-4", f"hydra.sweep.dir={tmp_path}"])
+    """The README's command: lr=nan is a ConfigError (exit 2), lr=1e4 diverges (exit 3); the jobs after them run."""
+    proc = _run(["recipes/finetune.py", "-m", "model=tiny-bert", "trainer.max_steps=10", "optim.lr=1e-3,nan,1e4,5e-4",
+                 f"hydra.sweep.dir={tmp_path}"])
     assert proc.returncode == 1, proc.stderr[-3000:]
     jobs = _jobs(tmp_path)
     assert [j["job"] for j in jobs] == [0, 1, 2, 3]
@@ -66,14 +66,13 @@ def test_failed_jobs_are_recorded_and_the_sweep_goes_on(tmp_path):
     for job in (jobs[0], jobs[3]):
         _check_completed(job)
     assert jobs[1]["error"] == "optim.lr=nan: must be a finite number > 0, e.g. 3e-5"
-    assert jobs[2]["error"].startswith("training diverged at step ") and "\n" not in jobs[2]["error"]
     for job in jobs[1:3]:
         assert job["value"] is None and (Path(job["run_dir"]) / ".hydra" / "overrides.yaml").is_file()
         assert not (Path(job["run_dir"]) / "summary.json").exists()
+        assert job["error"] and "\n" not in job["error"] and f"error: {job['message']}" in proc.stderr
     _check_table(tmp_path, jobs)
     # each failure said on stderr as a single run says it, and no traceback
-    assert "error: 1 problem(s) in the config:\n  - optim.lr=nan" in proc.stderr
-    assert "error: training diverged at step" in proc.stderr and "Traceback" not in proc.stderr
+    assert "error: 1 problem(s) in the config:\n  - optim.lr=nan" in proc.stderr and "Traceback" not in proc.stderr
 
 
 CRASH_ON_SEED_2 = """
@@ -119,6 +118,7 @@ def _lr(job: dict) -> float:
     return float(next(o for o in job["overrides"] if o.startswith("optim.lr=")).split("=", 1)[1])
 
 
+@pytest.mark.slow
 def test_optuna_study_maximises_the_main_metric(tmp_path):
     proc = _run(["recipes/finetune.py", "-m", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=3",
                  "optim.lr=tag(log, interval(1e-5, 1e-3))", *BASE, "trainer.max_steps=6", f"hydra.sweep.dir={tmp_path}"])
