@@ -150,8 +150,11 @@ class SweepSummary(Callback):
         return "\n".join(lines)
 
     def _write(self) -> None:
-        """summary.json and summary.md, each replaced whole (never half-written, also when a job crashes)."""
+        """summary.json and summary.md, each replaced whole (never half-written, also when a job crashes); by
+        rank 0 only (`accelerate launch recipes/finetune.py -m ...` runs the sweep on every rank)."""
         assert self.sweep_dir is not None
+        if int(os.environ.get("RANK", "0")) != 0:
+            return
         done = sum(r["status"] == "completed" for r in self.rows)
         head = (f"# Sweep {self.sweep_dir}\n\nCommon overrides: {' '.join(self.fixed) or '(none)'}\n\n"
                 f"{len(self.rows)} job(s) so far: {done} completed, {len(self.rows) - done} failed.\n\n")
