@@ -16,19 +16,23 @@ from omegaconf import DictConfig
 import ampft.config  # noqa: F401  (registers the structured schema before composition)
 from ampft.errors import exit_on_error
 
-STARTED = time.perf_counter()
+STARTED: float | None = time.perf_counter()  # the first job's wall time counts the imports; later jobs of a
+# multirun (-m) start at their own start
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="finetune")
 @exit_on_error
 def main(cfg: DictConfig) -> float:
+    """The run's main metric: what a sweeper (hydra/sweeper=optuna) optimises."""
+    global STARTED
+    started, STARTED = STARTED, None
     if int(os.environ.get("RANK", "0")) != 0:  # only rank 0 reports; the others speak up on problems
         logging.getLogger().setLevel(logging.WARNING)
     from ampft.finetune import run
     from ampft.tracking import clean_console
 
     with clean_console():
-        summary = run(cfg, HydraConfig.get().runtime.output_dir, started=STARTED)
+        summary = run(cfg, HydraConfig.get().runtime.output_dir, started=started)
     return summary["eval"][cfg.task.main_metric]
 
 

@@ -12,7 +12,8 @@
 | `TrainingDiverged`     | non-finite or exploding losses, collapsed fp16 scale    | 3         |
 | `Preempted`            | SIGTERM/SIGUSR1: checkpointed, resume later             | 75        |
 
-Every recipe's main function is wrapped by `exit_on_error`, the one place an error becomes an exit code.
+Every recipe's main function is wrapped by `exit_on_error`, the one place an error becomes an exit code (in a
+multirun recorded by `ampft.sweep`, the sweep's: each job's error is recorded there and the sweep goes on).
 Each class also keeps the builtin base it had (ValueError, RuntimeError, ImportError), so code that caught
 those still does. This module imports nothing from ampft: every other module may import it.
 """
@@ -84,10 +85,29 @@ class Preempted(AmpftError):
     marker = "PREEMPTED"  # written into the run dir: `accelerate launch` exits 1 when its ranks exit 75
 
 
+SWEEP_RECORDER = "ampft.sweep.SweepSummary"  # the Hydra callback that records a multirun's failed jobs
+
+
+def _in_recorded_sweep() -> bool:
+    """Inside a job of a Hydra multirun whose config records each job (`hydra.callbacks` has SWEEP_RECORDER)."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+    except ImportError:
+        return False
+    if not HydraConfig.initialized():
+        return False
+    hydra = HydraConfig.get()
+    return hydra.mode == RunMode.MULTIRUN and any(
+        c.get("_target_") == SWEEP_RECORDER for c in (hydra.callbacks or {}).values())
+
+
 def exit_on_error(main: Callable[..., Any]) -> Callable[..., Any]:
     """Wrap a recipe's main function: an AmpftError is written to stderr as `<label>: <message>` and the
-    process exits with the error's code; any other exception keeps its traceback. Under `@hydra.main`,
-    put it below the Hydra decorator (Hydra unwraps it to find the recipe's file)."""
+    process exits with the error's code; any other exception keeps its traceback. In a job of a multirun that
+    records its jobs (ampft.sweep) the error is raised on after its line instead: the sweep records it and
+    goes on with the next job. Under `@hydra.main`, put it below the Hydra decorator (Hydra unwraps it to find
+    the recipe's file)."""
 
     @functools.wraps(main)
     def wrapped(*args: Any, **kwargs: Any) -> Any:
@@ -95,6 +115,8 @@ def exit_on_error(main: Callable[..., Any]) -> Callable[..., Any]:
             return main(*args, **kwargs)
         except AmpftError as exc:
             print(f"{exc.label}: {exc}", file=sys.stderr, flush=True)
+            if _in_recorded_sweep():
+                raise
             sys.exit(exc.exit_code)
 
     return wrapped
