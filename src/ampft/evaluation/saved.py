@@ -2,7 +2,10 @@
 another local file, with the same data and metrics code as training. Each evaluation writes into its own
 folder, RUN_DIR/evaluations/<name>/ (eval.json, and the predictions a family writes), named after what was
 evaluated: `<final|step_N>_<split or file stem>[_precision-P][_batch-B]`. Nothing the training run wrote is
-replaced."""
+replaced.
+
+`open_saved` and `SavedRun.load` are the one way a saved run is opened (its source, config, tokenizer, model
+and precision): `make evaluate` here and `make predict` (`ampft.evaluation.predictions`) both use them."""
 
 from __future__ import annotations
 
@@ -17,12 +20,13 @@ from typing import Any
 from accelerate import Accelerator
 from omegaconf import DictConfig, OmegaConf
 from safetensors.torch import load_file
-from transformers import AutoConfig, AutoTokenizer
+from transformers import AutoConfig, PretrainedConfig, PreTrainedTokenizerBase
 
-from ampft import checkpointing, distributed, precision, tasks
+from ampft import checkpointing, precision, tasks
 from ampft.config import ConfigError, FinetuneConfig
 from ampft.data import eval_dataloader, prepare_data
 from ampft.errors import EvaluationError
+from ampft.models import load_tokenizer_from, loading
 
 log = logging.getLogger(__name__)
 
@@ -44,11 +48,12 @@ def _source(e: DictConfig) -> tuple[Path, Path, str]:
 
 
 def evaluation_name(e: DictConfig, weights: Path, kind: str) -> str:
-    """The folder name under RUN_DIR/evaluations/: `name=`, or the weights, the data and the overrides."""
+    """The folder name under RUN_DIR/evaluations/ (or predictions/): `name=`, or the weights, the data and the
+    overrides."""
     if e.name is not None:
         if not re.fullmatch(r"[\w.=+-]+", str(e.name)) or str(e.name) in (".", ".."):
             raise EvaluationError(f"name={e.name}: use letters, digits and . _ - = + only (it names a folder under "
-                                  "RUN_DIR/evaluations/)")
+                                  "RUN_DIR/evaluations/ or RUN_DIR/predictions/)")
         return str(e.name)
     parts = ["final" if kind == "run" else weights.name, Path(e.file).stem if e.file else e.split]
     if e.precision is not None:
@@ -58,20 +63,72 @@ def evaluation_name(e: DictConfig, weights: Path, kind: str) -> str:
     return re.sub(r"[^\w.=+-]", "_", "_".join(parts))
 
 
-def evaluate_saved(e: DictConfig) -> dict[str, Any]:
+@dataclasses.dataclass
+class SavedRun:
+    """A saved run opened for evaluation or prediction: where its weights are, and its config with what the
+    command line changed (precision, batch size, task keys; labels: the model's)."""
+
+    run_dir: Path
+    weights: Path  # RUN_DIR/model, or a checkpoint folder
+    kind: str  # run | checkpoint
+    cfg_path: Path  # the config.yaml the run (or checkpoint) was trained with
+    cfg: DictConfig
+    family: tasks.Family
+    model_config: PretrainedConfig
+
+    def load(self) -> tuple[Accelerator, str, PreTrainedTokenizerBase, Any]:
+        """The Accelerator (the precision asked for, applied), the precision that runs, the tokenizer (the
+        family's), and the model with the saved weights (not yet prepared)."""
+        cfg, family = self.cfg, self.family
+        accelerator = Accelerator(**precision.accelerator_kwargs(cfg.precision), cpu=cfg.trainer.cpu)
+        ran = precision.setup(accelerator, cfg.precision)
+        tokenizer_dir = self.weights if self.kind == "run" else self.run_dir / "tokenizer"
+        tokenizer = family.adapt_tokenizer(load_tokenizer_from(tokenizer_dir, "the run's tokenizer",
+                                                               "run" if self.kind == "run" else "checkpoint"))
+        auto = family.model_class
+        with loading("the saved model", self.kind, str(self.weights)):
+            if self.kind == "run":
+                model = auto.from_pretrained(self.weights)
+            else:
+                model = auto.from_config(self.model_config)
+                model.load_state_dict(load_file(self.weights / "model.safetensors"), strict=False)
+        return accelerator, ran, tokenizer, model
+
+
+def open_saved(e: DictConfig) -> SavedRun:
+    """The run or checkpoint that `run=`/`checkpoint=` name, with its config as trained plus `precision=`,
+    `batch_size=` and the `task.<key>=` overrides (checked by the task family)."""
     run_dir, weights, kind = _source(e)
-    name = evaluation_name(e, weights, kind)
-    out_dir = run_dir / "evaluations" / name
     cfg_path = (weights if kind == "checkpoint" else run_dir) / "config.yaml"
     cfg = OmegaConf.merge(OmegaConf.structured(FinetuneConfig), OmegaConf.load(cfg_path))
     model_config = AutoConfig.from_pretrained(weights)
-    task = cfg.task
-    family = tasks.family_for(task.family)
+    family = tasks.family_for(cfg.task.family)
     # The ids the model was trained with, whatever the file's label order (none for regression and QA).
-    task.labels = family.labels_from_model(model_config)
+    cfg.task.labels = family.labels_from_model(model_config)
+    changed = {k: v for k, v in (e.get("task") or {}).items() if v is not None}
+    for key, value in changed.items():
+        cfg.task[key] = value
+    if changed:
+        problems = family.check(cfg.task, [("file", e.file)] if e.get("file") else [])
+        if problems:
+            raise ConfigError(problems)
+    if e.precision is not None:
+        cfg.precision.name = str(e.precision)
+    if e.batch_size is not None:
+        cfg.trainer.eval_batch_size = e.batch_size
+    return SavedRun(run_dir, weights, kind, cfg_path, cfg, family, model_config)
+
+
+def evaluate_saved(e: DictConfig) -> dict[str, Any]:
+    saved = open_saved(e)
+    run_dir, weights, kind, cfg, family = saved.run_dir, saved.weights, saved.kind, saved.cfg, saved.family
+    name = evaluation_name(e, weights, kind)
+    out_dir = run_dir / "evaluations" / name
+    task = cfg.task
     if e.file is not None:  # all of it; the run's sample limits apply to the run's own splits only
         task.train_file = task.validation_file = e.file
-        task.max_train_samples = task.max_eval_samples = None
+        task.max_train_samples = None
+        task.max_eval_samples = (e.get("task") or {}).get("max_eval_samples")
     if e.split not in ("train", "validation"):
         raise EvaluationError(f"split={e.split}: use split=validation or split=train (or file=PATH)")
     if e.file is not None or e.split == "train":
@@ -84,29 +141,15 @@ def evaluate_saved(e: DictConfig) -> dict[str, Any]:
         else:
             task.validation_split = task.train_split
         task.max_eval_samples = task.max_train_samples
-    if e.precision is not None:
-        cfg.precision.name = e.precision
-    if e.batch_size is not None:
-        cfg.trainer.eval_batch_size = e.batch_size
 
     try:  # before loading anything
-        tasks.check_installed(task.metrics, key=f"{cfg_path}: task.metrics")
+        tasks.check_installed(task.metrics, key=f"{saved.cfg_path}: task.metrics")
     except ConfigError as exc:
         raise EvaluationError(exc.problems[0]) from exc
-    distributed.quiet_deepspeed()
-    accelerator = Accelerator(**precision.accelerator_kwargs(cfg.precision), cpu=cfg.trainer.cpu)
-    ran = precision.setup(accelerator, cfg.precision)
-    tokenizer = AutoTokenizer.from_pretrained(weights if kind == "run" else run_dir / "tokenizer")
-    tokenizer = family.adapt_tokenizer(tokenizer)
+    accelerator, ran, tokenizer, model = saved.load()
     data = prepare_data(cfg, family, tokenizer, accelerator.main_process_first)
     if e.split == "train" and e.file is None and family.evaluates_train_features:
         data = dataclasses.replace(data, validation=data.train)
-    auto = family.model_class
-    if kind == "run":
-        model = auto.from_pretrained(weights)
-    else:
-        model = auto.from_config(model_config)
-        model.load_state_dict(load_file(weights / "model.safetensors"), strict=False)
     eval_dl, *extra_dls = [eval_dataloader(cfg, data, ds, tokenizer, accelerator.device, model)
                            for ds in (data.validation, *data.extra.values())]
     model, eval_dl, *extra_dls = accelerator.prepare(model, eval_dl, *extra_dls)
