@@ -22,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from safetensors.torch import load_file
 from transformers import AutoConfig, PretrainedConfig, PreTrainedTokenizerBase
 
-from ampft import checkpointing, precision, tasks
+from ampft import checkpointing, distributed, precision, tasks
 from ampft.config import ConfigError, FinetuneConfig
 from ampft.data import eval_dataloader, prepare_data
 from ampft.errors import EvaluationError
@@ -80,6 +80,7 @@ class SavedRun:
         """The Accelerator (the precision asked for, applied), the precision that runs, the tokenizer (the
         family's), and the model with the saved weights (not yet prepared)."""
         cfg, family = self.cfg, self.family
+        distributed.quiet_deepspeed()
         accelerator = Accelerator(**precision.accelerator_kwargs(cfg.precision), cpu=cfg.trainer.cpu)
         ran = precision.setup(accelerator, cfg.precision)
         tokenizer_dir = self.weights if self.kind == "run" else self.run_dir / "tokenizer"
