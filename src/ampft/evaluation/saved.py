@@ -106,6 +106,8 @@ def open_saved(e: DictConfig) -> SavedRun:
     family = tasks.family_for(cfg.task.family)
     # The ids the model was trained with, whatever the file's label order (none for regression and QA).
     cfg.task.labels = family.labels_from_model(model_config)
+    if e.get("file") is not None:  # all of it: the run's sample limits apply to the run's own splits only
+        cfg.task.max_train_samples = cfg.task.max_eval_samples = None
     changed = {k: v for k, v in (e.get("task") or {}).items() if v is not None}
     for key, value in changed.items():
         cfg.task[key] = value
@@ -126,10 +128,8 @@ def evaluate_saved(e: DictConfig) -> dict[str, Any]:
     name = evaluation_name(e, weights, kind)
     out_dir = run_dir / "evaluations" / name
     task = cfg.task
-    if e.file is not None:  # all of it; the run's sample limits apply to the run's own splits only
+    if e.file is not None:
         task.train_file = task.validation_file = e.file
-        task.max_train_samples = None
-        task.max_eval_samples = (e.get("task") or {}).get("max_eval_samples")
     if e.split not in ("train", "validation"):
         raise EvaluationError(f"split={e.split}: use split=validation or split=train (or file=PATH)")
     if e.file is not None or e.split == "train":

@@ -1,0 +1,307 @@
+"""`make predict`: a saved run on a file without labels gives one row per input, in the input's order, equal to
+what the exported model itself computes for that input alone; the GLUE server's files; bad and empty files
+as DataErrors naming file and line; nothing the training run wrote is touched."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from omegaconf import OmegaConf
+from transformers import (
+    AutoModelForQuestionAnswering,
+    AutoModelForSequenceClassification,
+    AutoModelForTokenClassification,
+    AutoTokenizer,
+)
+
+from ampft.config import PredictConfig
+from ampft.errors import DataError, EvaluationError
+from ampft.evaluation.predictions import predict_saved
+from ampft.finetune import reset_accelerate, run
+from ampft.tasks.classification import glue
+from tests.helpers import ROOT, compose_config, family_files, family_run_overrides, shared
+
+
+def _predict(**kwargs) -> dict:
+    try:
+        return predict_saved(OmegaConf.merge(OmegaConf.structured(PredictConfig), kwargs))
+    finally:
+        reset_accelerate()
+
+
+def _rows(out: dict) -> list[dict]:
+    return [json.loads(line) for line in open(os.path.join(out["path"], "predictions.jsonl"))]
+
+
+def _written(run_dir) -> list[str]:
+    return sorted(p.name for p in (run_dir / "predictions").glob("*"))
+
+
+def _md5s(run_dir) -> dict[str, str]:
+    return {str(p.relative_to(run_dir)): hashlib.md5(p.read_bytes()).hexdigest()
+            for p in sorted(run_dir.rglob("*")) if p.is_file() and "predictions" not in p.relative_to(run_dir).parts}
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    return family_files(tmp_path_factory.mktemp("train-files"))
+
+
+@pytest.fixture(scope="module")
+def runs(files, tmp_path_factory):
+    """Tiny runs trained for real, one per kind, on demand (each trains once per module)."""
+    done = {}
+
+    def get(kind: str):
+        if kind not in done:
+            run_dir = tmp_path_factory.mktemp(kind)
+            extra = ["checkpoint.every=6"] if kind == "sst2" else []
+            run(compose_config("finetune", [*family_run_overrides(kind, files), *extra]), run_dir)
+            reset_accelerate()
+            done[kind] = run_dir
+        return done[kind]
+
+    return get
+
+
+# Inputs of very different lengths in no length order: batches run longest first, rows come back in file order.
+SENTENCES = ["ok", "the battery lasts all day long and the screen is superb , but the case felt flimsy and it "
+             "broke within a week", "service was quick", "the case felt flimsy", "superb",
+             "the screen is superb and the battery lasts all day long . service was quick too", "it broke"]
+
+
+def _length_ordered(lengths: list[int]) -> bool:
+    return lengths == sorted(lengths, reverse=True)
+
+
+def test_classification_rows_are_the_models_own_probabilities_in_file_order(runs, tmp_path):
+    run_dir = runs("sst2")
+    test = tmp_path / "test.tsv"  # GLUE's SST-2 test file layout: no label column
+    test.write_text("index\tsentence\n" + "".join(f"{i}\t{s}\n" for i, s in enumerate(SENTENCES)))
+    before = _md5s(run_dir)
+    out = _predict(run=str(run_dir), file=str(test))
+    rows = _rows(out)
+    assert _md5s(run_dir) == before  # the training run's files: not one byte changed
+    assert out["path"] == str(run_dir / "predictions" / "final_test") and out["samples"] == len(SENTENCES)
+    assert [r["index"] for r in rows] == list(range(len(SENTENCES)))
+
+    tokenizer = AutoTokenizer.from_pretrained(run_dir / "model")
+    model = AutoModelForSequenceClassification.from_pretrained(run_dir / "model").eval()
+    assert not _length_ordered([len(tokenizer(s)["input_ids"]) for s in SENTENCES])
+    labels = [model.config.id2label[i] for i in range(model.config.num_labels)]
+    for sentence, row in zip(SENTENCES, rows, strict=True):
+        with torch.inference_mode():  # each input alone: no padding, no batch
+            p = model(**tokenizer(sentence, truncation=True, max_length=128, return_tensors="pt")).logits[0].softmax(-1)
+        assert row["label"] == labels[int(p.argmax())]
+        assert list(row["probabilities"]) == labels == ["negative", "positive"]
+        assert list(row["probabilities"].values()) == pytest.approx(p.tolist(), abs=1e-5)
+    assert len({round(r["probabilities"]["positive"], 5) for r in rows}) > 1  # inputs differ: so do outputs
+
+    # The same weights from the step-6 checkpoint, another batch size, bf16: each into its own folder.
+    from_ckpt = _rows(_predict(checkpoint=str(run_dir / "checkpoints" / "step_6"), file=str(test)))
+    assert [r["label"] for r in from_ckpt] == [r["label"] for r in rows]
+    for a, b in zip(from_ckpt, rows, strict=True):
+        assert list(a["probabilities"].values()) == pytest.approx(list(b["probabilities"].values()), abs=1e-5)
+    batched = _rows(_predict(run=str(run_dir), file=str(test), batch_size=2))
+    for a, b in zip(batched, rows, strict=True):
+        assert list(a["probabilities"].values()) == pytest.approx(list(b["probabilities"].values()), abs=1e-5)
+    bf16 = _predict(run=str(run_dir), file=str(test), precision="bf16")
+    assert json.loads((run_dir / "predictions" / "final_test_precision-bf16" / "predict.json").read_text())[
+        "precision"] == bf16["precision"] == "bf16"
+    assert sorted(p.name for p in (run_dir / "predictions").iterdir()) == [
+        "final_test", "final_test_batch-2", "final_test_precision-bf16", "step_6_test"]
+    assert _md5s(run_dir) == before
+
+
+def test_regression_rows_are_the_models_values(runs, tmp_path):
+    run_dir = runs("stsb")
+    pairs = [(s, SENTENCES[-1 - i]) for i, s in enumerate(SENTENCES)]
+    test = tmp_path / "stsb-test.tsv"
+    test.write_text("index\tsentence1\tsentence2\n" + "".join(f"{i}\t{a}\t{b}\n" for i, (a, b) in enumerate(pairs)))
+    rows = _rows(_predict(run=str(run_dir), file=str(test)))
+    tokenizer = AutoTokenizer.from_pretrained(run_dir / "model")
+    model = AutoModelForSequenceClassification.from_pretrained(run_dir / "model").eval()
+    for (a, b), row in zip(pairs, rows, strict=True):
+        with torch.inference_mode():
+            value = model(**tokenizer(a, b, truncation=True, max_length=128, return_tensors="pt")).logits[0, 0]
+        assert set(row) == {"index", "value"} and row["value"] == pytest.approx(float(value), abs=1e-5)
+
+
+def test_ner_tags_each_word_by_its_first_subtoken_and_truncated_words_o(runs, tmp_path):
+    run_dir = runs("ner")  # task.max_length=32: the long sentence is cut
+    sentences = [["EU", "rejects", "German", "call"], ["Peter"], ["BRUSSELS", "1996-08-22", *["Blackburn"] * 40],
+                 ["Peter", "Blackburn", "rejects", "Brussels"]]
+    test = tmp_path / "words.txt"  # words only: one per line, a blank line between sentences
+    test.write_text("".join("\n".join(s) + "\n\n" for s in sentences))
+    rows = _rows(_predict(run=str(run_dir), file=str(test)))
+    tokenizer = AutoTokenizer.from_pretrained(run_dir / "model")
+    model = AutoModelForTokenClassification.from_pretrained(run_dir / "model").eval()
+    for words, row in zip(sentences, rows, strict=True):
+        enc = tokenizer(words, is_split_into_words=True, truncation=True, max_length=32, return_tensors="pt")
+        with torch.inference_mode():
+            ids = model(**enc).logits[0].argmax(-1).tolist()
+        first = {}
+        for position, word in enumerate(enc.word_ids()):
+            if word is not None:
+                first.setdefault(word, position)
+        expected = [model.config.id2label[ids[first[w]]] if w in first else "O" for w in range(len(words))]
+        assert row["tokens"] == words and row["tags"] == expected
+    assert len(rows[2]["tags"]) == 42 and set(rows[2]["tags"][30:]) == {"O"}  # cut by max_length: O, not dropped
+
+
+def test_qa_answers_are_the_best_span_over_every_window(runs, tmp_path):
+    run_dir = runs("squad")  # task.max_length=48, doc_stride=16: the long context spans several windows
+    context = "Apollo 11 landed on the Moon in 1969. " + "The crew trained for years. " * 12
+    questions = [("a", "When did Apollo 11 land?", context), ("b", "Who trained?", "The crew trained for years."),
+                 ("c", "Where did it land?", context)]
+    test = tmp_path / "questions.json"  # SQuAD JSON without answers
+    test.write_text(json.dumps({"data": [{"title": "t", "paragraphs": [{"context": c, "qas": [{"id": i, "question": q}]}
+                                                                       for i, q, c in questions]}]}))
+    rows = _rows(_predict(run=str(run_dir), file=str(test), **{"task": {"n_best": 64}}))  # every token a candidate
+    assert [r["id"] for r in rows] == ["a", "b", "c"]
+    tokenizer = AutoTokenizer.from_pretrained(run_dir / "model")
+    model = AutoModelForQuestionAnswering.from_pretrained(run_dir / "model").eval()
+    for (_, question, ctx), row in zip(questions, rows, strict=True):
+        enc = tokenizer(question, ctx, truncation="only_second", max_length=48, stride=16,
+                        return_overflowing_tokens=True, return_offsets_mapping=True)
+        best = (-np.inf, None, None)
+        assert len(enc["input_ids"]) > 1 or ctx != context
+        for w in range(len(enc["input_ids"])):  # each window alone, every span by brute force
+            inputs = {k: torch.tensor([enc[k][w]]) for k in ("input_ids", "attention_mask", "token_type_ids")}
+            with torch.inference_mode():
+                out = model(**inputs)
+            starts, ends = out.start_logits[0].numpy(), out.end_logits[0].numpy()
+            ctx_tokens = [i for i, s in enumerate(enc.sequence_ids(w)) if s == 1]
+            for s in ctx_tokens:
+                for e in ctx_tokens:
+                    if s <= e < s + 30 and starts[s] + ends[e] > best[0]:
+                        p_start = np.exp(starts[s]) / np.exp(starts[ctx_tokens]).sum()
+                        p_end = np.exp(ends[e]) / np.exp(ends[ctx_tokens]).sum()
+                        offsets = enc["offset_mapping"][w]
+                        best = (starts[s] + ends[e], ctx[offsets[s][0]:offsets[e][1]], p_start * p_end)
+        assert row["answer"] == best[1] and row["score"] == pytest.approx(best[2], rel=1e-4)
+
+
+def test_glue_format_writes_the_servers_file_with_the_test_files_index(runs, tmp_path):
+    run_dir = runs("sst2")
+    test = tmp_path / "test.tsv"
+    test.write_text("index\tsentence\n" + "".join(f"{100 + i}\t{s}\n" for i, s in enumerate(SENTENCES)))
+    out = _predict(run=str(run_dir), file=str(test), format="glue")
+    rows = _rows(out)
+    lines = (run_dir / "predictions" / "final_test" / "SST-2.tsv").read_text().splitlines()
+    assert lines[0] == "index\tprediction" and len(lines) == len(SENTENCES) + 1
+    ids = {"negative": "0", "positive": "1"}  # SST-2's server reads label ids
+    assert lines[1:] == [f"{100 + i}\t{ids[r['label']]}" for i, r in enumerate(rows)]
+    assert out["files"] == ["predictions.jsonl", "SST-2.tsv"]
+
+    stsb = runs("stsb")
+    pairs = tmp_path / "sts.tsv"
+    pairs.write_text("index\tsentence1\tsentence2\n0\tit broke\tthe case felt flimsy\n1\tok\tsuperb\n")
+    values = [r["value"] for r in _rows(_predict(run=str(stsb), file=str(pairs), format="glue"))]
+    assert (stsb / "predictions" / "final_sts" / "STS-B.tsv").read_text() == (
+        f"index\tprediction\n0\t{values[0]:.3f}\n1\t{values[1]:.3f}\n")
+
+
+def test_glue_labels_and_file_names():
+    assert glue.submission("rte", [{"label": "not_entailment"}, {"label": "entailment"}], [7, 8],
+                           ["entailment", "not_entailment"]) == "index\tprediction\n7\tnot_entailment\n8\tentailment\n"
+    assert glue.submission("cola", [{"label": "acceptable"}], [0], ["unacceptable", "acceptable"]) == (
+        "index\tprediction\n0\t1\n")
+    assert glue.submission("sst2", [{"label": "1"}], [0], ["0", "1"]) == "index\tprediction\n0\t1\n"  # ids as labels
+    assert [glue.submission_file("mnli", f"glue/MNLI/{n}.tsv", ["entailment", "neutral", "contradiction"])
+            for n in ("test_matched", "test_mismatched", "diagnostic")] == ["MNLI-m.tsv", "MNLI-mm.tsv", "AX.tsv"]
+    assert glue.submission_file("qqp", "test.tsv", ["not_duplicate", "duplicate"]) == "QQP.tsv"
+    with pytest.raises(EvaluationError, match="test_matched.tsv, test_mismatched.tsv, or diagnostic.tsv"):
+        glue.submission_file("mnli", "mnli.tsv", None)
+    with pytest.raises(EvaluationError, match=r"labels \['bad', 'good'\] are not GLUE's sst2 labels"):
+        glue.submission_file("sst2", "test.tsv", ["bad", "good"])
+
+
+def test_glue_format_for_a_task_outside_glue_is_refused_before_anything_runs(runs, tmp_path):
+    run_dir = runs("ner")
+    test = tmp_path / "words.txt"
+    test.write_text("EU\nrejects\n")
+    before = _written(run_dir)
+    with pytest.raises(EvaluationError, match=r"format=glue: the run's task is 'conll2003', not a GLUE task"):
+        _predict(run=str(run_dir), file=str(test), format="glue")
+    assert _written(run_dir) == before
+
+
+@pytest.mark.slow
+@pytest.mark.data
+def test_the_real_glue_test_files(runs, tmp_path):
+    """GLUE's SST-2 and RTE test files as distributed: every row predicted, the server's file complete."""
+    sst2 = shared("sst2", "test.tsv")
+    out = _predict(run=str(runs("sst2")), file=str(sst2), format="glue")
+    lines = (runs("sst2") / "predictions" / "final_test" / "SST-2.tsv").read_text().splitlines()
+    assert out["samples"] == 1821 and lines[1:] == [f"{i}\t{v}" for i, v in
+                                                    zip(range(1821), [x.split("\t")[1] for x in lines[1:]], strict=True)]
+    assert {x.split("\t")[1] for x in lines[1:]} <= {"0", "1"}
+    rte = shared("rte", "test.tsv")
+    out = _predict(run=str(runs("rte")), file=str(rte), format="glue")
+    lines = (runs("rte") / "predictions" / "final_test" / "RTE.tsv").read_text().splitlines()
+    assert out["samples"] == 3000 == len(lines) - 1 and lines[1].startswith("0\t")
+    assert {x.split("\t")[1] for x in lines[1:]} <= {"entailment", "not_entailment"}
+
+
+def _bad(tmp_path, name: str, text: str | bytes) -> str:
+    path = tmp_path / name
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    return str(path)
+
+
+def test_bad_and_empty_files_are_data_errors_naming_file_and_line(runs, tmp_path):
+    cases = [
+        ("sst2", _bad(tmp_path, "empty.tsv", ""), r"file=.*empty.tsv: the file is empty"),
+        ("sst2", _bad(tmp_path, "blank.tsv", "\n  \n"), r"file=.*blank.tsv: the file is empty"),
+        ("sst2", _bad(tmp_path, "header.tsv", "index\tsentence\n"), r"file=.*header.tsv: the file has no rows"),
+        ("sst2", _bad(tmp_path, "shifted.tsv", "index\tsentence\n0\tok\n1\tbad\textra field\n"),
+         r"file=.*shifted.tsv: line 3 has 3 fields where the header .* has 2"),
+        ("sst2", _bad(tmp_path, "other.tsv", "index\treview\n0\tok\n"),
+         r"file=.*other.tsv: column\(s\) \['sentence'\] not in the file, whose columns are \['index', 'review'\]"
+         r".*task.text_fields="),
+        ("sst2", _bad(tmp_path, "latin1.tsv", "sentence\nna\xefve\n".encode("latin-1")), r"file=.*latin1.tsv: not UTF-8"),
+        ("sst2", str(tmp_path / "missing.tsv"), r"file=.*missing.tsv: no such file"),
+        ("sst2", _bad(tmp_path, "words.txt", "a\n"), r"file=.*words.txt: unsupported extension '.txt'"),
+        ("ner", _bad(tmp_path, "ragged.txt", "EU B-ORG\nrejects\n"), r"file=.*ragged.txt: not a CoNLL file: .*:2: "
+                                                                     r"malformed line 'rejects': 1 fields where"),
+        ("ner", _bad(tmp_path, "nothing.txt", "-DOCSTART- -X- O\n\n"), r"file=.*nothing.txt: no sentences"),
+        ("squad", _bad(tmp_path, "broken.json", '{"data": [\n{"paragraphs": }]}'),
+         r"file=.*broken.json: .*not valid JSON: .*line 2"),
+        ("squad", _bad(tmp_path, "noid.json", json.dumps({"data": [{"paragraphs": [{"context": "c", "qas": [
+            {"question": "q"}]}]}]})), r"file=.*noid.json: not SQuAD JSON .* at data\[0\].paragraphs\[0\].qas\[0\], "
+                                       r"key 'id' missing"),
+        ("squad", _bad(tmp_path, "twice.json", json.dumps({"data": [{"paragraphs": [{"context": "c", "qas": [
+            {"id": "x", "question": "q"}, {"id": "x", "question": "r"}]}]}]})), r"question ids \['x'\] appear more"),
+    ]
+    for kind, path, message in cases:
+        before = _written(runs(kind))
+        with pytest.raises(DataError, match=message):
+            _predict(run=str(runs(kind)), file=path)
+        assert _written(runs(kind)) == before, path  # nothing written for a refused file
+    with pytest.raises(EvaluationError, match="file=PATH is needed"):
+        _predict(run=str(runs("sst2")))
+
+
+def test_make_predict_with_the_task_keys_for_other_columns(runs, tmp_path):
+    """The recipe as typed: the column names of another file are task keys it accepts (others are refused)."""
+    run_dir = runs("sst2")
+    test = tmp_path / "reviews.csv"
+    test.write_text("id,review\n0,superb\n1,the case felt flimsy and it broke within a week\n2,ok\n")
+    env = {**os.environ, "HYDRA_FULL_ERROR": "0"}
+    proc = subprocess.run(["make", "--no-print-directory", "predict", f"run={run_dir}", f"file={test}",
+                           "task.text_fields=[review]", f"PYTHON={sys.executable}"], cwd=ROOT, env=env,
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(x) for x in (run_dir / "predictions" / "final_reviews" / "predictions.jsonl").open()]
+    assert [r["index"] for r in rows] == [0, 1, 2] and "3 predictions" in proc.stdout
+    proc = subprocess.run([sys.executable, "recipes/predict.py", f"run={run_dir}", f"file={test}", "task.family=x"],
+                          cwd=ROOT, env=env, capture_output=True, text=True)
+    assert proc.returncode != 0 and "Key 'family' not in 'SavedRunTask'" in proc.stderr
