@@ -290,18 +290,50 @@ def test_bad_and_empty_files_are_data_errors_naming_file_and_line(runs, tmp_path
         _predict(run=str(runs("sst2")))
 
 
-def test_make_predict_with_the_task_keys_for_other_columns(runs, tmp_path):
-    """The recipe as typed: the column names of another file are task keys it accepts (others are refused)."""
+def test_the_recipes_take_the_task_keys_of_a_file_and_refuse_others():
+    """Composed as `make evaluate` and `make predict` compose their configs: task keys that describe a file are
+    accepted (typed), a task key that is not one of them fails at compose time naming it."""
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import ConfigCompositionException
+
+    for recipe in ("evaluate", "predict"):
+        with initialize_config_dir(config_dir=str(ROOT / "conf" / recipe), version_base="1.3"):
+            cfg = compose(config_name=recipe, overrides=["run=r", "task.text_fields=[a,b]", "task.label_column=y",
+                                                         "task.column_names=null", "task.max_length=64"])
+            assert (cfg.task.text_fields, cfg.task.label_column, cfg.task.max_length) == (["a", "b"], "y", 64)
+            assert cfg.task.doc_stride is None  # unset: the run's value
+            for bad, says in (("task.family=x", "Key 'family' not in 'SavedRunTask'"),
+                              ("task.max_length=long", "task.max_length")):
+                with pytest.raises(ConfigCompositionException) as err:
+                    compose(config_name=recipe, overrides=[bad])
+                assert says in str(err.value.__cause__ or err.value)
+    with initialize_config_dir(config_dir=str(ROOT / "conf" / "predict"), version_base="1.3"):
+        assert compose(config_name="predict", overrides=["format=glue"]).format == "glue"
+
+
+@pytest.mark.slow
+def test_make_predict_as_the_readme_types_it(runs, tmp_path):
+    """`make predict ... format=glue`, and the task keys for a file whose columns are named otherwise (others are
+    refused at once)."""
     run_dir = runs("sst2")
-    test = tmp_path / "reviews.csv"
-    test.write_text("id,review\n0,superb\n1,the case felt flimsy and it broke within a week\n2,ok\n")
     env = {**os.environ, "HYDRA_FULL_ERROR": "0"}
-    proc = subprocess.run(["make", "--no-print-directory", "predict", f"run={run_dir}", f"file={test}",
-                           "task.text_fields=[review]", f"PYTHON={sys.executable}"], cwd=ROOT, env=env,
-                          capture_output=True, text=True)
+
+    def make(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["make", "--no-print-directory", "predict", f"run={run_dir}", *args,
+                               f"PYTHON={sys.executable}"], cwd=ROOT, env=env, capture_output=True, text=True)
+
+    test = tmp_path / "test.tsv"
+    test.write_text("index\tsentence\n0\tsuperb\n1\tthe case felt flimsy and it broke\n")
+    proc = make(f"file={test}", "format=glue")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "2 predictions" in proc.stdout and "SST-2.tsv" in proc.stdout
+    assert (run_dir / "predictions" / "final_test" / "SST-2.tsv").read_text().startswith("index\tprediction\n0\t")
+
+    reviews = tmp_path / "reviews.csv"
+    reviews.write_text("id,review\n0,superb\n1,the case felt flimsy and it broke within a week\n2,ok\n")
+    proc = make(f"file={reviews}", "task.text_fields=[review]")
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(x) for x in (run_dir / "predictions" / "final_reviews" / "predictions.jsonl").open()]
-    assert [r["index"] for r in rows] == [0, 1, 2] and "3 predictions" in proc.stdout
-    proc = subprocess.run([sys.executable, "recipes/predict.py", f"run={run_dir}", f"file={test}", "task.family=x"],
-                          cwd=ROOT, env=env, capture_output=True, text=True)
+    assert [r["index"] for r in rows] == [0, 1, 2]
+    proc = make(f"file={reviews}", "task.family=x")
     assert proc.returncode != 0 and "Key 'family' not in 'SavedRunTask'" in proc.stderr
