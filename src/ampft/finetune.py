@@ -369,15 +369,16 @@ def model_card(s: dict[str, Any], cfg: DictConfig, family: tasks.Family) -> str:
     body = f"""
 # {s["model"]} fine-tuned on {s["task"]}
 
-Fine-tuned with ampft from {start} on {data_source}, in **{s["precision"]}** precision for {s["steps"]} optimizer
-steps ({s["epochs"]:.2f} epochs); exported weights: {s["exported"]}.
+Fine-tuned with ampft from {start} on {data_source},
+in **{s["precision"]}** precision for {s["steps"]} optimizer steps ({s["epochs"]:.2f} epochs); exported weights:
+{s["exported"]}.
 
 | validation metric | value |
 |---|---|
 {metrics}
 
 - train loss (mean over the run): {s["train_loss"]:.4f}
-- throughput: {s["train_samples_per_second"]:.1f} samples/s, {s["train_tokens_per_second"]:.0f} tokens/s \
+- throughput: {s["train_samples_per_second"]:.1f} samples/s, {s["train_tokens_per_second"]:.0f} tokens/s
   (non-padding) on {s["num_processes"]} x {s["device_name"]} ({s["device"]})
 - fp16 steps skipped for overflow: {s["skipped_steps"]}
 - versions: {", ".join(f"{k} {v}" for k, v in s["versions"].items())}

@@ -337,3 +337,35 @@ def test_make_predict_as_the_readme_types_it(runs, tmp_path):
     assert [r["index"] for r in rows] == [0, 1, 2]
     proc = make(f"file={reviews}", "task.family=x")
     assert proc.returncode != 0 and "Key 'family' not in 'SavedRunTask'" in proc.stderr
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("kind", ["sst2", "ner", "squad"])
+def test_two_ranks_predict_each_input_once_as_one_process_does(kind, runs, tmp_path):
+    """Under `accelerate launch` each rank predicts its share (an odd count: the last batch is padded across
+    ranks and the padding dropped; NER/QA rows of another width on each rank): the rows are one process's."""
+    run_dir = runs(kind)
+    if kind == "sst2":
+        test = tmp_path / "test.tsv"
+        test.write_text("index\tsentence\n" + "".join(f"{i}\t{s}\n" for i, s in enumerate(SENTENCES)))
+    elif kind == "ner":
+        test = tmp_path / "words.txt"
+        test.write_text("".join(f"{s}\n\n".replace(" ", "\n") for s in SENTENCES))
+    else:
+        test = tmp_path / "questions.json"
+        context = "Apollo 11 landed on the Moon in 1969. " + "The crew trained for years. " * 12
+        test.write_text(json.dumps({"data": [{"paragraphs": [{"context": context if i % 2 else s, "qas": [
+            {"id": f"q{i}", "question": s}]} for i, s in enumerate(SENTENCES)]}]}))
+    one = _rows(_predict(run=str(run_dir), file=str(test), batch_size=2))
+    env = {**os.environ, "ACCELERATE_USE_CPU": "true", "HYDRA_FULL_ERROR": "0"}
+    proc = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+                           "recipes/predict.py", f"run={run_dir}", f"file={test}", "batch_size=2", "name=two-ranks"],
+                          cwd=ROOT, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    folder = run_dir / "predictions" / "two-ranks"
+    two = [json.loads(x) for x in (folder / "predictions.jsonl").read_text().splitlines()]
+    assert json.loads((folder / "predict.json").read_text())["num_processes"] == 2
+    assert len(two) == len(one) == len(SENTENCES)
+    for a, b in zip(two, one, strict=True):
+        for key, value in b.items():
+            assert a[key] == (pytest.approx(value, abs=1e-5) if isinstance(value, float | dict) else value), key
