@@ -17,16 +17,18 @@ import time
 from pathlib import Path
 from typing import Any
 
+import yaml
 from accelerate import Accelerator
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 from safetensors.torch import load_file
 from transformers import AutoConfig, PretrainedConfig, PreTrainedTokenizerBase
 
 from ampft import checkpointing, distributed, precision, tasks
 from ampft.config import ConfigError, FinetuneConfig
 from ampft.data import eval_dataloader, prepare_data
-from ampft.errors import EvaluationError
-from ampft.models import load_tokenizer_from, loading
+from ampft.errors import EvaluationError, ModelLoadError
+from ampft.models import check_loadable, load_tokenizer_from, loading
 
 log = logging.getLogger(__name__)
 
@@ -76,41 +78,97 @@ class SavedRun:
     family: tasks.Family
     model_config: PretrainedConfig
 
+    @property
+    def key(self) -> str:
+        """The command-line key that named this source, for error messages."""
+        return "run" if self.kind == "run" else "checkpoint"
+
     def load(self) -> tuple[Accelerator, str, PreTrainedTokenizerBase, Any]:
         """The Accelerator (the precision asked for, applied), the precision that runs, the tokenizer (the
-        family's), and the model with the saved weights (not yet prepared)."""
+        family's), and the model with the saved weights, every one of them (not yet prepared)."""
         cfg, family = self.cfg, self.family
         distributed.quiet_deepspeed()
         accelerator = Accelerator(**precision.accelerator_kwargs(cfg.precision), cpu=cfg.trainer.cpu)
         ran = precision.setup(accelerator, cfg.precision)
         tokenizer_dir = self.weights if self.kind == "run" else self.run_dir / "tokenizer"
-        tokenizer = family.adapt_tokenizer(load_tokenizer_from(tokenizer_dir, "the run's tokenizer",
-                                                               "run" if self.kind == "run" else "checkpoint"))
+        tokenizer = family.adapt_tokenizer(load_tokenizer_from(tokenizer_dir, "the run's tokenizer", self.key))
         auto = family.model_class
-        with loading("the saved model", self.kind, str(self.weights)):
+        with loading("the saved model", self.key, str(self.weights)):
             if self.kind == "run":
-                model = auto.from_pretrained(self.weights)
+                check_loadable(str(self.weights), "the saved model", self.key, needs=("config", "weights"))
+                # Shapes that differ are reported with the missing keys (and refused below), not raised.
+                model, info = auto.from_pretrained(self.weights, output_loading_info=True,
+                                                   ignore_mismatched_sizes=True)
+                missing = sorted({*info["missing_keys"], *(k[0] for k in info["mismatched_keys"])})
+                unexpected = sorted(info["unexpected_keys"])
             else:
                 model = auto.from_config(self.model_config)
-                model.load_state_dict(load_file(self.weights / "model.safetensors"), strict=False)
+                missing, unexpected = _load_state_dict(model, self.weights / "model.safetensors", self.key)
+        check_weights(missing, unexpected, f"{self.key}={self.weights}")
         return accelerator, ran, tokenizer, model
+
+
+def _load_state_dict(model, path: Path, key: str) -> tuple[list[str], list[str]]:
+    """Load a checkpoint's weights file into `model`; (missing keys, unexpected keys)."""
+    if not path.is_file():
+        raise EvaluationError(f"{key}={path.parent}: no {path.name} (a checkpoint written by DeepSpeed or FSDP keeps "
+                              "its weights sharded: evaluate the run's export with run=RUN_DIR)")
+    state_dict = load_file(path)
+    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    wrong = [f"{k} {tuple(v.shape)} (the model's: {shapes[k]})" for k, v in state_dict.items()
+             if k in shapes and tuple(v.shape) != shapes[k]]
+    if wrong:
+        raise EvaluationError(f"{key}={path.parent}: {len(wrong)} weight(s) of {path.name} have another shape than "
+                              f"the model its config.json describes: {', '.join(wrong[:5])}")
+    result = model.load_state_dict(state_dict, strict=False)
+    tied = set(getattr(model, "all_tied_weights_keys", None) or ())  # loaded through the weight they share
+    return sorted(set(result.missing_keys) - tied), sorted(result.unexpected_keys)
+
+
+def check_weights(missing: list[str], unexpected: list[str], where: str) -> None:
+    """Refuse weights that are not the model's, key for key: transformers would start a missing weight from
+    random (with a warning) and evaluate or predict with it."""
+    if not missing and not unexpected:
+        return
+    parts = []
+    if missing:
+        parts.append(f"{len(missing)} of the model's weights are missing from it or of another shape "
+                     f"({', '.join(missing[:5])}{', ...' if len(missing) > 5 else ''}): they would start from random")
+    if unexpected:
+        hint = " (torch.compile's `_orig_mod.` prefix: an export of an older ampft)" if any(
+            k.startswith("_orig_mod.") for k in unexpected) else ""
+        parts.append(f"{len(unexpected)} of its weights are not the model's ({', '.join(unexpected[:5])}"
+                     f"{', ...' if len(unexpected) > 5 else ''}){hint}")
+    raise EvaluationError(f"{where}: the saved weights do not match the model: {'; '.join(parts)}. Not loading "
+                          "them; use another checkpoint of the run (checkpoint=RUN_DIR/checkpoints/step_N)")
 
 
 def open_saved(e: DictConfig) -> SavedRun:
     """The run or checkpoint that `run=`/`checkpoint=` name, with its config as trained plus `precision=`,
     `batch_size=` and the `task.<key>=` overrides (checked by the task family)."""
     run_dir, weights, kind = _source(e)
+    key = "run" if kind == "run" else "checkpoint"
     cfg_path = (weights if kind == "checkpoint" else run_dir) / "config.yaml"
-    cfg = OmegaConf.merge(OmegaConf.structured(FinetuneConfig), OmegaConf.load(cfg_path))
-    model_config = AutoConfig.from_pretrained(weights)
+    if not cfg_path.is_file():
+        raise ModelLoadError(f"{key}={weights if kind == 'checkpoint' else run_dir}: no {cfg_path.name}, the config "
+                             "the run was trained with (not a folder written by an ampft run?)")
+    try:
+        cfg = OmegaConf.merge(OmegaConf.structured(FinetuneConfig), OmegaConf.load(cfg_path))
+    except (OmegaConfBaseException, yaml.YAMLError) as exc:
+        first = str(exc).strip().splitlines()[0]
+        raise ModelLoadError(f"{key}: {cfg_path} is not a config this ampft reads: {type(exc).__name__}: "
+                             f"{first}") from exc
+    check_loadable(str(weights), "the saved model", key, needs=("config",))
+    with loading("the saved model's config", key, str(weights)):
+        model_config = AutoConfig.from_pretrained(weights)
     family = tasks.family_for(cfg.task.family)
     # The ids the model was trained with, whatever the file's label order (none for regression and QA).
     cfg.task.labels = family.labels_from_model(model_config)
     if e.get("file") is not None:  # all of it: the run's sample limits apply to the run's own splits only
         cfg.task.max_train_samples = cfg.task.max_eval_samples = None
     changed = {k: v for k, v in (e.get("task") or {}).items() if v is not None}
-    for key, value in changed.items():
-        cfg.task[key] = value
+    for name, value in changed.items():
+        cfg.task[name] = value
     if changed:
         problems = family.check(cfg.task, [("file", e.file)] if e.get("file") else [])
         if problems:
