@@ -345,13 +345,12 @@ class PredictFormat(Choice):
 
 
 @dataclass
-class EvaluateConfig:
-    """`make evaluate` (recipes/eval.py, conf/evaluate/evaluate.yaml)."""
+class SavedRunConfig:
+    """What `make evaluate` and `make predict` read: a saved run, a file, how to run it."""
 
     run: str | None = None  # a run directory: its exported model/
     checkpoint: str | None = None  # or one checkpoint folder of a run
-    split: str = "validation"  # validation | train (of the run's task)
-    file: str | None = None  # or another local file in the task's format (csv, tsv, json, jsonl, parquet, CoNLL, SQuAD)
+    file: str | None = None  # a local file in the task's format (csv, tsv, json, jsonl, parquet, CoNLL, SQuAD)
     precision: Precision | None = None  # null: the run's precision
     batch_size: int | None = None  # null: the run's trainer.eval_batch_size (results do not depend on it)
     # The folder under RUN_DIR/evaluations/ (or predictions/); null: what was run,
@@ -361,8 +360,15 @@ class EvaluateConfig:
 
 
 @dataclass
-class PredictConfig(EvaluateConfig):
-    """`make predict` (recipes/predict.py, conf/predict/predict.yaml): labels are not needed."""
+class EvaluateConfig(SavedRunConfig):
+    """`make evaluate` (recipes/eval.py, conf/evaluate/evaluate.yaml): file=, or a split of the run's task."""
+
+    split: str = "validation"  # validation | train (of the run's task), when no file= is given
+
+
+@dataclass
+class PredictConfig(SavedRunConfig):
+    """`make predict` (recipes/predict.py, conf/predict/predict.yaml): file= is needed, its labels are not."""
 
     format: PredictFormat = PredictFormat.jsonl
 

@@ -123,7 +123,7 @@ def test_a_file_with_other_column_names_takes_the_task_keys_the_error_suggests(t
     run_dir, _ = trained
     other = tmp_path_factory.mktemp("data") / "reviews.csv"
     other.write_text("review,stars\nthe screen is superb.,positive\nthe case felt flimsy.,negative\n")
-    with pytest.raises(DataError, match=r"column\(s\) \['sentence', 'label'\] not in it, whose columns are \['review', "
+    with pytest.raises(DataError, match=r"reviews.csv: column\(s\) \['sentence', 'label'\] not in the train split, whose columns are \['review', "
                                         r"'stars'\]. Set task.text_fields=\[...\] and task.label_column=... to match"):
         _evaluate(run=str(run_dir), file=str(other))
     proc = subprocess.run([sys.executable, "recipes/eval.py", f"run={run_dir}", f"file={other}",

@@ -35,10 +35,10 @@ def _check_columns(raw: DatasetDict, task: DictConfig) -> None:
         missing = [c for c in wanted if c not in ds.column_names]
         if missing:
             path = _path(task, split)
-            where = f"task={task.name}: the {split} split" if path is None else f"{split_key(split)}={path}"
             unlabelled = (" (a file without labels is for predictions: make predict run=RUN_DIR file=PATH)"
                           if task.label_column in missing else "")
-            raise DataError(f"{where}: column(s) {missing} not in it, whose columns are {ds.column_names}. Set "
+            raise DataError(f"{f'task={task.name}' if path is None else f'{split_key(split)}={path}'}: column(s) "
+                            f"{missing} not in the {split} split, whose columns are {ds.column_names}. Set "
                             f"task.text_fields=[...] and task.label_column=... to match{unlabelled}.")
 
 
