@@ -24,7 +24,7 @@ ifneq ($(findstring $(newline),$(OVERRIDES)),)
 $(error a command-line value holds a line break: a Hydra override is one line; remove it)
 endif
 
-.PHONY: help setup finetune reproduce evaluate print-config test test-slow test-all test-distributed lint
+.PHONY: help setup finetune reproduce evaluate predict print-config test test-slow test-all test-distributed lint
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
@@ -43,6 +43,9 @@ reproduce:  ## a paper recipe on a budget, scores next to the published ones: ma
 
 evaluate:  ## evaluate a saved run: make evaluate run=RUN_DIR [file=PATH | split=train] (or checkpoint=PATH)
 	$(PYTHON) recipes/eval.py $(OVERRIDES)
+
+predict:  ## predict on a file without labels: make predict run=RUN_DIR file=test.tsv [format=glue] (or checkpoint=PATH)
+	$(PYTHON) recipes/predict.py $(OVERRIDES)
 
 print-config:  ## print the composed, resolved config for the given overrides
 	$(PYTHON) recipes/finetune.py $(OVERRIDES) --cfg job --resolve

@@ -7,6 +7,7 @@ one (tests/e2e/test_exit_codes.py checks it); no recipe edits sys.path."""
 import hydra
 from omegaconf import DictConfig
 
+import ampft.config  # noqa: F401  (registers the structured schema before composition)
 from ampft.errors import exit_on_error
 
 

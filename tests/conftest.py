@@ -21,7 +21,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from tests.helpers import TINY, compose_config  # noqa: E402
+from tests.helpers import TINY, compose_config, family_files, family_run_overrides  # noqa: E402
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -47,3 +47,26 @@ def compose():
 @pytest.fixture
 def tiny(compose):
     return lambda *overrides: compose([*TINY, *overrides])
+
+
+@pytest.fixture(scope="session")
+def family_run(tmp_path_factory):
+    """family_run(kind) -> the run dir of a tiny run of that kind (`family_run_overrides`: sst2 with a checkpoint
+    at step 6, rte, stsb, ner, squad, squad_v2), trained for real once per test process, on demand. Tests may
+    add their own evaluations/ and predictions/ to it, nothing else: copy it to damage it."""
+    from ampft.finetune import reset_accelerate, run
+
+    files, done = None, {}
+
+    def get(kind: str):
+        nonlocal files
+        if kind not in done:
+            files = files or family_files(tmp_path_factory.mktemp("family-files"))
+            run_dir = tmp_path_factory.mktemp(f"run-{kind}")
+            extra = ["checkpoint.every=6"] if kind == "sst2" else []
+            run(compose_config("finetune", [*family_run_overrides(kind, files), *extra]), run_dir)
+            reset_accelerate()
+            done[kind] = run_dir
+        return done[kind]
+
+    return get

@@ -68,3 +68,57 @@ def assert_export_reproduces(run_dir: Path) -> dict:
     assert reloaded["metrics"] == summary["eval"], (reloaded["metrics"], summary["eval"])
     assert reloaded["samples"] == summary["eval_samples"]
     return reloaded
+
+
+# ---- small files of each task family, and tiny runs trained on them ---------------------------------------
+
+TEXT = ("the screen is superb and the battery lasts all day long . the case felt flimsy and it broke within a "
+        "week of use . service was quick")
+
+
+def _sentence(i: int, n: int) -> str:
+    words = TEXT.split(" ")
+    return " ".join(words[(i * 7 + k) % len(words)] for k in range(n))
+
+
+def family_files(folder: Path) -> dict[str, Path]:
+    """Training files for each kind of run (`FAMILY_RUNS`): GLUE-style TSVs (SST-2: sentence, label 0/1; RTE:
+    sentence pairs with label names; STS-B: pairs with a score), CoNLL, SQuAD v1.1 and v2.0 JSON."""
+    import json
+
+    folder.mkdir(parents=True, exist_ok=True)
+    out = {name: folder / name for name in ("sst2.tsv", "rte.tsv", "stsb.tsv", "ner.txt", "squad.json",
+                                             "squad_v2.json")}
+    rows = [(_sentence(i, 3 + i % 9), i % 2) for i in range(48)]
+    out["sst2.tsv"].write_text("sentence\tlabel\n" + "".join(f"{s}\t{y}\n" for s, y in rows))
+    out["rte.tsv"].write_text("index\tsentence1\tsentence2\tlabel\n" + "".join(
+        f"{i}\t{s}\t{_sentence(i + 3, 4)}\t{'entailment' if y else 'not_entailment'}\n" for i, (s, y) in enumerate(rows)))
+    out["stsb.tsv"].write_text("index\tsentence1\tsentence2\tscore\n" + "".join(
+        f"{i}\t{s}\t{_sentence(i + 1, 5)}\t{(i % 11) / 2:.1f}\n" for i, (s, _) in enumerate(rows)))
+    out["ner.txt"].write_text("EU B-ORG\nrejects O\nGerman B-MISC\ncall O\n\nPeter B-PER\nBlackburn I-PER\n\n"
+                              "BRUSSELS B-LOC\n1996-08-22 O\n\n" * 6)
+    context = "Apollo 11 landed on the Moon in 1969. " + "The crew trained for years. " * 12
+    qas = [{"id": f"q{i}", "question": q, "answers": [{"text": a, "answer_start": context.index(a)}]}
+           for i, (q, a) in enumerate([("When did Apollo 11 land?", "1969"), ("Where did it land?", "the Moon")] * 4)]
+    out["squad.json"].write_text(json.dumps({"data": [{"title": "t", "paragraphs": [{"context": context,
+                                                                                       "qas": qas}]}]}))
+    impossible = [{"id": f"n{i}", "question": "Who painted the Mona Lisa?", "answers": [], "is_impossible": True}
+                  for i in range(4)]
+    out["squad_v2.json"].write_text(json.dumps({"version": "v2.0", "data": [
+        {"title": "t", "paragraphs": [{"context": context, "qas": qas + impossible}]}]}))
+    return out
+
+
+def family_run_overrides(kind: str, files: dict[str, Path]) -> list[str]:
+    """TINY plus the task overrides that train the kind of run `kind` on `family_files`' file for it."""
+    def local(name: str, path: Path, *more: str) -> list[str]:
+        return [f"task={name}", f"task.train_file={path}", f"task.validation_file={path}", *more]
+
+    return [*TINY, "trainer.max_steps=6", *{
+        "sst2": local("sst2", files["sst2.tsv"]),
+        "rte": local("rte", files["rte.tsv"]),
+        "stsb": local("stsb", files["stsb.tsv"], "task.label_column=score"),
+        "ner": local("conll2003", files["ner.txt"], "task.max_length=32"),
+        "squad": local("squad", files["squad.json"], "task.max_length=48", "task.doc_stride=16"),
+        "squad_v2": local("squad_v2", files["squad_v2.json"], "task.max_length=48", "task.doc_stride=16"),
+    }[kind]]

@@ -13,7 +13,8 @@ import hashlib
 import os
 import secrets
 import socket
-from dataclasses import dataclass, field
+import typing
+from dataclasses import dataclass, field, make_dataclass
 from datetime import datetime
 from enum import Enum
 from pathlib import Path
@@ -327,6 +328,51 @@ class FinetuneConfig:
     cache_dir: str = "${oc.env:AMPFT_CACHE,${oc.env:HOME,.}/.cache/ampft}"
 
 
+# The task keys `make evaluate` and `make predict` take for their file (how it is read, scored, answered); null
+# keeps the run's value. Not the task's identity (name, family, labels: the model's) nor its data source
+# (file= and split= choose that).
+SAVED_RUN_TASK_KEYS = ("text_fields", "label_column", "column_names", "positive_label", "metrics", "max_length",
+                       "max_eval_samples", "token_column", "tag_column", "tag_scheme", "seqeval_mode", "doc_stride",
+                       "max_answer_length", "n_best", "null_threshold", "max_misaligned_answers")
+_TASK_TYPES = typing.get_type_hints(TaskConfig)
+SavedRunTask = make_dataclass("SavedRunTask", [(k, _TASK_TYPES[k] | None, field(default=None))
+                                               for k in SAVED_RUN_TASK_KEYS])
+
+
+class PredictFormat(Choice):
+    jsonl = "jsonl"  # predictions.jsonl: one JSON object per input, in the input's order
+    glue = "glue"  # also the GLUE test server's file (SST-2.tsv, MNLI-m.tsv, ...: index<TAB>prediction)
+
+
+@dataclass
+class SavedRunConfig:
+    """What `make evaluate` and `make predict` read: a saved run, a file, how to run it."""
+
+    run: str | None = None  # a run directory: its exported model/
+    checkpoint: str | None = None  # or one checkpoint folder of a run
+    file: str | None = None  # a local file in the task's format (csv, tsv, json, jsonl, parquet, CoNLL, SQuAD)
+    precision: Precision | None = None  # null: the run's precision
+    batch_size: int | None = None  # null: the run's trainer.eval_batch_size (results do not depend on it)
+    # The folder under RUN_DIR/evaluations/ (or predictions/); null: what was run,
+    # <final|step_N>_<split|file stem>[_precision-P][_batch-B].
+    name: str | None = None
+    task: SavedRunTask = field(default_factory=SavedRunTask)  # the run's task settings to change for this file
+
+
+@dataclass
+class EvaluateConfig(SavedRunConfig):
+    """`make evaluate` (recipes/eval.py, conf/evaluate/evaluate.yaml): file=, or a split of the run's task."""
+
+    split: str = "validation"  # validation | train (of the run's task), when no file= is given
+
+
+@dataclass
+class PredictConfig(SavedRunConfig):
+    """`make predict` (recipes/predict.py, conf/predict/predict.yaml): file= is needed, its labels are not."""
+
+    format: PredictFormat = PredictFormat.jsonl
+
+
 def run_stamp() -> str:
     """The run directory's name: start time to the second and a 6-hex-digit suffix, the same in every rank
     that one launcher started, different between any two runs.
@@ -353,7 +399,10 @@ def run_stamp() -> str:
 
 
 def register_configs() -> None:
-    ConfigStore.instance().store(name="finetune_schema", node=FinetuneConfig)
+    store = ConfigStore.instance()
+    store.store(name="finetune_schema", node=FinetuneConfig)
+    store.store(name="evaluate_schema", node=EvaluateConfig)
+    store.store(name="predict_schema", node=PredictConfig)
     if not OmegaConf.has_resolver("ampft_stamp"):
         OmegaConf.register_new_resolver("ampft_stamp", run_stamp, use_cache=True)
 

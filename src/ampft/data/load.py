@@ -34,8 +34,13 @@ def file_format(path: str) -> str:
     return FORMATS[ext]
 
 
+PREDICT = "predict"  # the split name of the file `make predict` reads (its key: file=PATH)
+
+
 def split_key(split: str) -> str:
     """The config key that names a split's file, for error messages."""
+    if split == PREDICT:
+        return "file"
     return f"task.{split}_file" if split in ("train", "validation") else "task.extra_validation_splits"
 
 
@@ -113,7 +118,8 @@ def _check_csv(path: str, key: str, names: list[str] | None = None) -> None:
                         width = len(row)
                     elif len(row) != width and names is not None:
                         raise DataError(f"{key}: line {start} has {len(row)} fields ({row[:6]!r}) but task.column_names "
-                                        f"names {len(names)}: {list(names)}. Name every column, in order (or fix the line)")
+                                        f"names {len(names)}: {list(names)}. Name every column, in order, or fix the line (a "
+                                        "file with a header line: task.column_names=null)")
                     elif len(row) != width:
                         what = "tab" if tsv else "comma"
                         raise DataError(

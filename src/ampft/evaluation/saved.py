@@ -2,7 +2,10 @@
 another local file, with the same data and metrics code as training. Each evaluation writes into its own
 folder, RUN_DIR/evaluations/<name>/ (eval.json, and the predictions a family writes), named after what was
 evaluated: `<final|step_N>_<split or file stem>[_precision-P][_batch-B]`. Nothing the training run wrote is
-replaced."""
+replaced.
+
+`open_saved` and `SavedRun.load` are the one way a saved run is opened (its source, config, tokenizer, model
+and precision): `make evaluate` here and `make predict` (`ampft.evaluation.predictions`) both use them."""
 
 from __future__ import annotations
 
@@ -14,15 +17,18 @@ import time
 from pathlib import Path
 from typing import Any
 
+import yaml
 from accelerate import Accelerator
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 from safetensors.torch import load_file
-from transformers import AutoConfig, AutoTokenizer
+from transformers import AutoConfig, PretrainedConfig, PreTrainedTokenizerBase
 
 from ampft import checkpointing, distributed, precision, tasks
 from ampft.config import ConfigError, FinetuneConfig
 from ampft.data import eval_dataloader, prepare_data
-from ampft.errors import EvaluationError
+from ampft.errors import EvaluationError, ModelLoadError
+from ampft.models import check_loadable, load_tokenizer_from, loading
 
 log = logging.getLogger(__name__)
 
@@ -44,11 +50,12 @@ def _source(e: DictConfig) -> tuple[Path, Path, str]:
 
 
 def evaluation_name(e: DictConfig, weights: Path, kind: str) -> str:
-    """The folder name under RUN_DIR/evaluations/: `name=`, or the weights, the data and the overrides."""
+    """The folder name under RUN_DIR/evaluations/ (or predictions/): `name=`, or the weights, the data and the
+    overrides."""
     if e.name is not None:
         if not re.fullmatch(r"[\w.=+-]+", str(e.name)) or str(e.name) in (".", ".."):
             raise EvaluationError(f"name={e.name}: use letters, digits and . _ - = + only (it names a folder under "
-                                  "RUN_DIR/evaluations/)")
+                                  "RUN_DIR/evaluations/ or RUN_DIR/predictions/)")
         return str(e.name)
     parts = ["final" if kind == "run" else weights.name, Path(e.file).stem if e.file else e.split]
     if e.precision is not None:
@@ -58,20 +65,129 @@ def evaluation_name(e: DictConfig, weights: Path, kind: str) -> str:
     return re.sub(r"[^\w.=+-]", "_", "_".join(parts))
 
 
-def evaluate_saved(e: DictConfig) -> dict[str, Any]:
+@dataclasses.dataclass
+class SavedRun:
+    """A saved run opened for evaluation or prediction: where its weights are, and its config with what the
+    command line changed (precision, batch size, task keys; labels: the model's)."""
+
+    run_dir: Path
+    weights: Path  # RUN_DIR/model, or a checkpoint folder
+    kind: str  # run | checkpoint
+    cfg_path: Path  # the config.yaml the run (or checkpoint) was trained with
+    cfg: DictConfig
+    family: tasks.Family
+    model_config: PretrainedConfig
+
+    @property
+    def key(self) -> str:
+        """The command-line key that named this source, for error messages."""
+        return "run" if self.kind == "run" else "checkpoint"
+
+    def load(self) -> tuple[Accelerator, str, PreTrainedTokenizerBase, Any]:
+        """The Accelerator (the precision asked for, applied), the precision that runs, the tokenizer (the
+        family's), and the model with the saved weights, every one of them (not yet prepared)."""
+        cfg, family = self.cfg, self.family
+        distributed.quiet_deepspeed()
+        accelerator = Accelerator(**precision.accelerator_kwargs(cfg.precision), cpu=cfg.trainer.cpu)
+        ran = precision.setup(accelerator, cfg.precision)
+        tokenizer_dir = self.weights if self.kind == "run" else self.run_dir / "tokenizer"
+        tokenizer = family.adapt_tokenizer(load_tokenizer_from(tokenizer_dir, "the run's tokenizer", self.key))
+        auto = family.model_class
+        with loading("the saved model", self.key, str(self.weights)):
+            if self.kind == "run":
+                check_loadable(str(self.weights), "the saved model", self.key, needs=("config", "weights"))
+                # Shapes that differ are reported with the missing keys (and refused below), not raised.
+                model, info = auto.from_pretrained(self.weights, output_loading_info=True,
+                                                   ignore_mismatched_sizes=True)
+                missing = sorted({*info["missing_keys"], *(k[0] for k in info["mismatched_keys"])})
+                unexpected = sorted(info["unexpected_keys"])
+            else:
+                model = auto.from_config(self.model_config)
+                missing, unexpected = _load_state_dict(model, self.weights / "model.safetensors", self.key)
+        check_weights(missing, unexpected, f"{self.key}={self.weights}")
+        return accelerator, ran, tokenizer, model
+
+
+def _load_state_dict(model, path: Path, key: str) -> tuple[list[str], list[str]]:
+    """Load a checkpoint's weights file into `model`; (missing keys, unexpected keys)."""
+    if not path.is_file():
+        raise EvaluationError(f"{key}={path.parent}: no {path.name} (a checkpoint written by DeepSpeed or FSDP keeps "
+                              "its weights sharded: evaluate the run's export with run=RUN_DIR)")
+    state_dict = load_file(path)
+    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    wrong = [f"{k} {tuple(v.shape)} (the model's: {shapes[k]})" for k, v in state_dict.items()
+             if k in shapes and tuple(v.shape) != shapes[k]]
+    if wrong:
+        raise EvaluationError(f"{key}={path.parent}: {len(wrong)} weight(s) of {path.name} have another shape than "
+                              f"the model its config.json describes: {', '.join(wrong[:5])}")
+    result = model.load_state_dict(state_dict, strict=False)
+    tied = set(getattr(model, "all_tied_weights_keys", None) or ())  # loaded through the weight they share
+    return sorted(set(result.missing_keys) - tied), sorted(result.unexpected_keys)
+
+
+def check_weights(missing: list[str], unexpected: list[str], where: str) -> None:
+    """Refuse weights that are not the model's, key for key: transformers would start a missing weight from
+    random (with a warning) and evaluate or predict with it."""
+    if not missing and not unexpected:
+        return
+    parts = []
+    if missing:
+        parts.append(f"{len(missing)} of the model's weights are missing from it or of another shape "
+                     f"({', '.join(missing[:5])}{', ...' if len(missing) > 5 else ''}): they would start from random")
+    if unexpected:
+        hint = " (torch.compile's `_orig_mod.` prefix: an export of an older ampft)" if any(
+            k.startswith("_orig_mod.") for k in unexpected) else ""
+        parts.append(f"{len(unexpected)} of its weights are not the model's ({', '.join(unexpected[:5])}"
+                     f"{', ...' if len(unexpected) > 5 else ''}){hint}")
+    raise EvaluationError(f"{where}: the saved weights do not match the model: {'; '.join(parts)}. Not loading "
+                          "them; use another checkpoint of the run (checkpoint=RUN_DIR/checkpoints/step_N)")
+
+
+def open_saved(e: DictConfig) -> SavedRun:
+    """The run or checkpoint that `run=`/`checkpoint=` name, with its config as trained plus `precision=`,
+    `batch_size=` and the `task.<key>=` overrides (checked by the task family)."""
     run_dir, weights, kind = _source(e)
+    key = "run" if kind == "run" else "checkpoint"
+    cfg_path = (weights if kind == "checkpoint" else run_dir) / "config.yaml"
+    if not cfg_path.is_file():
+        raise ModelLoadError(f"{key}={weights if kind == 'checkpoint' else run_dir}: no {cfg_path.name}, the config "
+                             "the run was trained with (not a folder written by an ampft run?)")
+    try:
+        cfg = OmegaConf.merge(OmegaConf.structured(FinetuneConfig), OmegaConf.load(cfg_path))
+    except (OmegaConfBaseException, yaml.YAMLError) as exc:
+        first = str(exc).strip().splitlines()[0]
+        raise ModelLoadError(f"{key}: {cfg_path} is not a config this ampft reads: {type(exc).__name__}: "
+                             f"{first}") from exc
+    check_loadable(str(weights), "the saved model", key, needs=("config",))
+    with loading("the saved model's config", key, str(weights)):
+        model_config = AutoConfig.from_pretrained(weights)
+    family = tasks.family_for(cfg.task.family)
+    # The ids the model was trained with, whatever the file's label order (none for regression and QA).
+    cfg.task.labels = family.labels_from_model(model_config)
+    if e.get("file") is not None:  # all of it: the run's sample limits apply to the run's own splits only
+        cfg.task.max_train_samples = cfg.task.max_eval_samples = None
+    changed = {k: v for k, v in (e.get("task") or {}).items() if v is not None}
+    for name, value in changed.items():
+        cfg.task[name] = value
+    if changed:
+        problems = family.check(cfg.task, [("file", e.file)] if e.get("file") else [])
+        if problems:
+            raise ConfigError(problems)
+    if e.precision is not None:
+        cfg.precision.name = str(e.precision)
+    if e.batch_size is not None:
+        cfg.trainer.eval_batch_size = e.batch_size
+    return SavedRun(run_dir, weights, kind, cfg_path, cfg, family, model_config)
+
+
+def evaluate_saved(e: DictConfig) -> dict[str, Any]:
+    saved = open_saved(e)
+    run_dir, weights, kind, cfg, family = saved.run_dir, saved.weights, saved.kind, saved.cfg, saved.family
     name = evaluation_name(e, weights, kind)
     out_dir = run_dir / "evaluations" / name
-    cfg_path = (weights if kind == "checkpoint" else run_dir) / "config.yaml"
-    cfg = OmegaConf.merge(OmegaConf.structured(FinetuneConfig), OmegaConf.load(cfg_path))
-    model_config = AutoConfig.from_pretrained(weights)
     task = cfg.task
-    family = tasks.family_for(task.family)
-    # The ids the model was trained with, whatever the file's label order (none for regression and QA).
-    task.labels = family.labels_from_model(model_config)
-    if e.file is not None:  # all of it; the run's sample limits apply to the run's own splits only
+    if e.file is not None:
         task.train_file = task.validation_file = e.file
-        task.max_train_samples = task.max_eval_samples = None
     if e.split not in ("train", "validation"):
         raise EvaluationError(f"split={e.split}: use split=validation or split=train (or file=PATH)")
     if e.file is not None or e.split == "train":
@@ -84,29 +200,15 @@ def evaluate_saved(e: DictConfig) -> dict[str, Any]:
         else:
             task.validation_split = task.train_split
         task.max_eval_samples = task.max_train_samples
-    if e.precision is not None:
-        cfg.precision.name = e.precision
-    if e.batch_size is not None:
-        cfg.trainer.eval_batch_size = e.batch_size
 
     try:  # before loading anything
-        tasks.check_installed(task.metrics, key=f"{cfg_path}: task.metrics")
+        tasks.check_installed(task.metrics, key=f"{saved.cfg_path}: task.metrics")
     except ConfigError as exc:
         raise EvaluationError(exc.problems[0]) from exc
-    distributed.quiet_deepspeed()
-    accelerator = Accelerator(**precision.accelerator_kwargs(cfg.precision), cpu=cfg.trainer.cpu)
-    ran = precision.setup(accelerator, cfg.precision)
-    tokenizer = AutoTokenizer.from_pretrained(weights if kind == "run" else run_dir / "tokenizer")
-    tokenizer = family.adapt_tokenizer(tokenizer)
+    accelerator, ran, tokenizer, model = saved.load()
     data = prepare_data(cfg, family, tokenizer, accelerator.main_process_first)
     if e.split == "train" and e.file is None and family.evaluates_train_features:
         data = dataclasses.replace(data, validation=data.train)
-    auto = family.model_class
-    if kind == "run":
-        model = auto.from_pretrained(weights)
-    else:
-        model = auto.from_config(model_config)
-        model.load_state_dict(load_file(weights / "model.safetensors"), strict=False)
     eval_dl, *extra_dls = [eval_dataloader(cfg, data, ds, tokenizer, accelerator.device, model)
                            for ds in (data.validation, *data.extra.values())]
     model, eval_dl, *extra_dls = accelerator.prepare(model, eval_dl, *extra_dls)

@@ -109,6 +109,26 @@ class Family:
         yields `features` in order. Predictions go to `out_dir` where the family writes any."""
         raise NotImplementedError
 
+    def read_inputs(self, task: DictConfig, path: str) -> Dataset:
+        """The examples of a file to predict (`make predict file=PATH`): labels not needed, and ignored where
+        present. A DataError naming the file (`file=PATH`) and line when it is malformed or holds none."""
+        raise NotImplementedError
+
+    def input_features(self, inputs: Dataset, task: DictConfig, tokenizer: PreTrainedTokenizerBase) -> Dataset:
+        """Model features of `inputs` without labels, with what `predict` reads back and a `length` column."""
+        raise NotImplementedError
+
+    def predict(self, accelerator: Accelerator, model, dataloader: DataLoader, features: Dataset,
+                inputs: Dataset, task: DictConfig, labels: list[str] | None) -> list[dict[str, Any]]:
+        """One JSON-able row per example of `inputs`, in that order: what the model predicts for it.
+        `dataloader` yields `features` in order (with `ampft.evaluation.predict`)."""
+        raise NotImplementedError
+
+    def usage(self, task: DictConfig) -> str:
+        """Python that loads an export of this family from "path/to/this/folder" with transformers alone and
+        prints what the model predicts for one example, as `predict` would: the model card's usage."""
+        raise NotImplementedError
+
     def metric_keys(self, metrics: list[str]) -> list[str]:
         """The result keys that `metrics` produce (seqeval -> f1, precision, ...; accuracy -> accuracy)."""
         return list(dict.fromkeys(k for m in metrics for k in self.metrics.get(m, (m,))))

@@ -34,10 +34,12 @@ def _check_columns(raw: DatasetDict, task: DictConfig) -> None:
         wanted = [*task.text_fields, task.label_column]
         missing = [c for c in wanted if c not in ds.column_names]
         if missing:
-            raise DataError(
-                f"task={task.name}: column(s) {missing} not in the {split} split, whose columns are "
-                f"{ds.column_names}. Set task.text_fields=[...] and task.label_column=... to match."
-            )
+            path = _path(task, split)
+            unlabelled = (" (a file without labels is for predictions: make predict run=RUN_DIR file=PATH)"
+                          if task.label_column in missing else "")
+            raise DataError(f"{f'task={task.name}' if path is None else f'{split_key(split)}={path}'}: column(s) "
+                            f"{missing} not in the {split} split, whose columns are {ds.column_names}. Set "
+                            f"task.text_fields=[...] and task.label_column=... to match{unlabelled}.")
 
 
 def _path(task: DictConfig, split: str) -> str | None:

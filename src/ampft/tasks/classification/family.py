@@ -4,7 +4,9 @@ metrics in `metrics`, the evaluation loop here."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 import torch
 from accelerate import Accelerator
@@ -13,7 +15,7 @@ from omegaconf import DictConfig
 from torch.utils.data import DataLoader
 from transformers import AutoModelForSequenceClassification, DataCollatorWithPadding, PreTrainedTokenizerBase
 
-from ampft.data.load import file_format
+from ampft.data.load import PREDICT, DataError, file_format, load_file
 from ampft.evaluation import predict
 from ampft.tasks.base import Family, register
 from ampft.tasks.classification import metrics as glue
@@ -62,8 +64,8 @@ def column_names_problems(task: DictConfig, files: list[tuple[str, str]]) -> lis
     if not files:
         return [f"task.column_names={list(names)}: only for local .csv/.tsv files of a classification or regression "
                 "task (task.train_file=...)"]
-    problems = [f"task.{key}={path}: task.column_names is for headerless .csv/.tsv files, not {Path(path).suffix}"
-                for key, path in files if Path(path).suffix.lower() not in (".csv", ".tsv")]
+    problems = [f"{key if key == 'file' else 'task.' + key}={path}: task.column_names is for headerless .csv/.tsv "
+                f"files, not {Path(path).suffix}" for key, path in files if Path(path).suffix.lower() not in (".csv", ".tsv")]
     if len(set(names)) != len(names):
         problems.append(f"task.column_names={list(names)}: names must be unique")
     missing = [c for c in (*task.text_fields, task.label_column) if c not in names]
@@ -71,6 +73,25 @@ def column_names_problems(task: DictConfig, files: list[tuple[str, str]]) -> lis
         problems.append(f"task.column_names={list(names)} lacks {missing}, which task.text_fields/task.label_column "
                         "name: name the file's columns in order, including those")
     return problems
+
+
+# The model card's example (`usage`): a sentence, or a pair for two text fields.
+EXAMPLE = ("The film is a joy to watch from start to finish.", "Watching the film is a pleasure.")
+
+
+def read_inputs(task: DictConfig, path: str) -> Dataset:
+    """The rows of a file to predict with the task's text columns (a label column is not needed)."""
+    names = None if task.column_names is None else [str(c) for c in task.column_names]
+    ds = load_file(path, PREDICT, names)
+    missing = [c for c in task.text_fields if c not in ds.column_names]
+    if missing:
+        raise DataError(f"file={path}: column(s) {missing} not in the file, whose columns are {ds.column_names} "
+                        f"(line 1{' names them' if names is None else ': task.column_names'}). Set "
+                        "task.text_fields=[...] to the file's text columns" +
+                        (", or task.column_names=null for a file with a header line" if names is not None else ""))
+    if len(ds) == 0:
+        raise DataError(f"file={path}: no rows to predict (the file has its header line only)")
+    return ds
 
 
 class Classification(Family):
@@ -135,6 +156,47 @@ class Classification(Family):
     def positive_label(self, task: DictConfig, labels: list[str] | None) -> str | None:
         return positive_label(task, labels)
 
+    def read_inputs(self, task: DictConfig, path: str) -> Dataset:
+        return read_inputs(task, path)
+
+    def input_features(self, inputs: Dataset, task: DictConfig, tokenizer: PreTrainedTokenizerBase) -> Dataset:
+        fields = list(task.text_fields)
+
+        def fn(batch):
+            enc = tokenizer(*texts(batch, fields), truncation=True, max_length=task.max_length)
+            enc["length"] = [len(ids) for ids in enc["input_ids"]]
+            return enc
+
+        return inputs.map(fn, batched=True, remove_columns=inputs.column_names, desc="tokenizing")
+
+    def predict(self, accelerator: Accelerator, model, dataloader: DataLoader, features: Dataset,
+                inputs: Dataset, task: DictConfig, labels: list[str] | None) -> list[dict[str, Any]]:
+        (logits,) = (torch.cat(parts) for parts in predict(accelerator, model, dataloader,
+                                                           lambda batch, out: (out.logits.float(),)))
+        if labels is None:  # regression: the one output
+            return [{"value": float(v)} for v in logits[:, 0]]
+        return [{"label": labels[int(p.argmax())], "probabilities": dict(zip(labels, p.tolist(), strict=True))}
+                for p in logits.softmax(-1)]
+
+    def usage(self, task: DictConfig) -> str:
+        text = ", ".join(json.dumps(t) for t in EXAMPLE[:len(task.text_fields)])
+        return f"""import torch
+from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+path = "path/to/this/folder"
+tokenizer = AutoTokenizer.from_pretrained(path)
+model = AutoModelForSequenceClassification.from_pretrained(path).eval()
+inputs = tokenizer({text}, truncation=True, max_length={task.max_length}, return_tensors="pt")
+with torch.inference_mode():
+    logits = model(**inputs).logits[0]
+{self._usage_result()}"""
+
+    def _usage_result(self) -> str:
+        return """probabilities = logits.softmax(-1).tolist()
+labels = [model.config.id2label[i] for i in range(len(probabilities))]
+print({"label": labels[int(logits.argmax())], "probabilities": dict(zip(labels, probabilities))})
+"""
+
     def evaluate(self, accelerator: Accelerator, model, dataloader: DataLoader, features: Dataset,
                  examples: Dataset, task: DictConfig, labels: list[str] | None,
                  out_dir: Path | None = None, name: str = "validation") -> dict[str, float]:
@@ -167,6 +229,9 @@ class Regression(Classification):
 
     def positive_label(self, task: DictConfig, labels: list[str] | None) -> None:
         return None
+
+    def _usage_result(self) -> str:
+        return 'print({"value": logits[0].item()})\n'
 
 
 CLASSIFICATION = register(Classification())

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import torch
 from accelerate import Accelerator
@@ -22,7 +24,7 @@ from omegaconf import DictConfig
 from torch.utils.data import DataLoader
 from transformers import AutoModelForQuestionAnswering, DataCollatorWithPadding, PreTrainedTokenizerBase
 
-from ampft.data.load import DataError, load_splits, split_key
+from ampft.data.load import PREDICT, DataError, load_splits, split_key
 from ampft.evaluation import predict
 from ampft.tasks.base import Family, column_names_unread, register
 from ampft.tasks.question_answering import squad
@@ -32,6 +34,8 @@ log = logging.getLogger(__name__)
 
 COLUMNS = ["id", "question", "context", "answers"]
 NEG = -1e4  # logits of positions past a feature (padding across ranks); never inside its context
+# The model card's example (`usage`): a question and its context.
+EXAMPLE = ("Where did Apollo 11 land?", "Apollo 11 landed on the Moon in July 1969, and its crew returned safely.")
 
 
 def check_answers(ds: Dataset, task: DictConfig, split: str) -> None:
@@ -105,16 +109,7 @@ class QuestionAnswering(Family):
             raise ValueError(f"{path}: unsupported extension {ext!r} for question answering; use {self.files}")
 
     def load(self, task: DictConfig) -> tuple[DatasetDict, None]:
-        def read(path: str, split: str) -> Dataset:
-            try:
-                ds = squad.read_squad(path)
-            except (ValueError, UnicodeDecodeError) as exc:
-                raise DataError(f"{split_key(split)}={path}: {exc}") from exc
-            if len(ds) == 0:
-                raise DataError(f"{split_key(split)}={path}: no questions in the file")
-            return ds
-
-        raw = load_splits(task, read)
+        raw = load_splits(task, _read)
         question, context = task.text_fields
         renames = {question: "question", context: "context", task.label_column: "answers"}
         out = {}
@@ -130,6 +125,70 @@ class QuestionAnswering(Family):
             out[split] = (ds.rename_columns(renames_here) if renames_here else ds).select_columns(COLUMNS)
             check_answers(out[split], task, split)
         return DatasetDict(out), None
+
+    def read_inputs(self, task: DictConfig, path: str) -> Dataset:
+        ds = _read(path, PREDICT, answers=False).select_columns(["id", "question", "context"])
+        repeated = [i for i, n in Counter(ds["id"]).items() if n > 1]
+        if repeated:
+            raise DataError(f"file={path}: question ids {repeated[:5]} appear more than once; each answer is "
+                            "reported by its question's id: give every question its own id")
+        return ds
+
+    def input_features(self, inputs: Dataset, task: DictConfig, tokenizer: PreTrainedTokenizerBase) -> Dataset:
+        def fn(batch):
+            out = squad.prepare_eval_features(batch, tokenizer, task.max_length, task.doc_stride)
+            out["length"] = [len(ids) for ids in out["input_ids"]]
+            return out
+
+        return inputs.map(fn, batched=True, remove_columns=inputs.column_names, desc="tokenizing")
+
+    def predict(self, accelerator: Accelerator, model, dataloader: DataLoader, features: Dataset,
+                inputs: Dataset, task: DictConfig, labels: list[str] | None) -> list[dict[str, Any]]:
+        def outputs(batch, out):
+            return tuple(accelerator.pad_across_processes(x.float(), dim=1, pad_index=NEG)
+                         for x in (out.start_logits, out.end_logits))
+
+        start_parts, end_parts = predict(accelerator, model, dataloader, outputs)
+        answers = squad.scored_answers(inputs, features, [r for b in start_parts for r in b.numpy()],
+                                       [r for b in end_parts for r in b.numpy()], n_best=task.n_best,
+                                       max_answer_length=task.max_answer_length, version_2=task.version_2,
+                                       null_threshold=task.null_threshold)
+        return [{"id": i, "answer": answers[i][0], "score": answers[i][1]} for i in inputs["id"]]
+
+    def usage(self, task: DictConfig) -> str:
+        question, context = (json.dumps(t) for t in EXAMPLE)
+        cls = ("\ncls = inputs.input_ids[0].tolist().index(tokenizer.cls_token_id)  # where \"no answer\" points"
+               "\nallowed[cls] = True") if task.version_2 else ""
+        null = (f"""
+null = start_logp[cls] + end_logp[cls]
+if null - logp > {task.null_threshold}:  # SQuAD 2.0: no answer wins by more than task.null_threshold
+    answer, probability = "", null.exp().item()""") if task.version_2 else ""
+        return f"""import torch
+from transformers import AutoModelForQuestionAnswering, AutoTokenizer
+
+path = "path/to/this/folder"
+tokenizer = AutoTokenizer.from_pretrained(path)
+model = AutoModelForQuestionAnswering.from_pretrained(path).eval()
+question, context = {question}, {context}
+# One window of {task.max_length} tokens (`make predict` slides windows over longer contexts).
+inputs = tokenizer(question, context, truncation="only_second", max_length={task.max_length},
+                   return_offsets_mapping=True, return_tensors="pt")
+offsets = inputs.pop("offset_mapping")[0].tolist()
+in_context = torch.tensor([s == 1 for s in inputs.sequence_ids(0)])
+allowed = in_context.clone(){cls}
+with torch.inference_mode():
+    out = model(**inputs)
+start_logp = out.start_logits[0].masked_fill(~allowed, -torch.inf).log_softmax(-1)
+end_logp = out.end_logits[0].masked_fill(~allowed, -torch.inf).log_softmax(-1)
+# The best span inside the context, start <= end, at most {task.max_answer_length} tokens.
+n = len(start_logp)
+spans = torch.ones(n, n, dtype=torch.bool).triu().tril({task.max_answer_length - 1}) & in_context[:, None] & in_context[None, :]
+scores = (start_logp[:, None] + end_logp[None, :]).masked_fill(~spans, -torch.inf)
+start, end = divmod(int(scores.argmax()), n)
+logp = scores[start, end]
+answer, probability = context[offsets[start][0]:offsets[end][1]], logp.exp().item(){null}
+print({{"answer": answer, "score": probability}})
+"""
 
     def fake_targets(self, batch_size: int, seq_len: int) -> dict[str, torch.Tensor]:
         return dict(start_positions=torch.zeros(batch_size, dtype=torch.long),
@@ -192,6 +251,16 @@ class QuestionAnswering(Family):
         results["loss"] = float(torch.cat(losses).mean())  # over windows (features), as training averages
         results["samples"] = len(references)
         return results
+
+
+def _read(path: str, split: str, answers: bool = True) -> Dataset:
+    try:
+        ds = squad.read_squad(path, answers)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise DataError(f"{split_key(split)}={path}: {exc}") from exc
+    if len(ds) == 0:
+        raise DataError(f"{split_key(split)}={path}: no questions in the file")
+    return ds
 
 
 QUESTION_ANSWERING = register(QuestionAnswering())

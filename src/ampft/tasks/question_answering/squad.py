@@ -29,8 +29,9 @@ FEATURES = datasets.Features({
 })
 
 
-def read_squad(path: str | Path) -> datasets.Dataset:
+def read_squad(path: str | Path, answers: bool = True) -> datasets.Dataset:
     """One row per question; v2.0 unanswerable questions (`is_impossible`) get empty answer lists.
+    `answers=False`: questions to answer, whose `answers` key may be absent (read as none).
 
     A missing or mistyped key is a ValueError naming where it is (article, paragraph, question id)."""
     rows = []
@@ -46,16 +47,16 @@ def read_squad(path: str | Path) -> datasets.Dataset:
                 for q, qa in enumerate(paragraph["qas"]):
                     where = f"data[{a}].paragraphs[{p}].qas[{q}]"
                     where += f" (id {qa['id']!r})"
-                    answers = [] if qa.get("is_impossible", False) else qa["answers"]
-                    for i, answer in enumerate(answers):
+                    given = [] if qa.get("is_impossible", False) else qa["answers"] if answers else qa.get("answers", [])
+                    for i, answer in enumerate(given):
                         if not isinstance(answer.get("text"), str) or not isinstance(answer.get("answer_start"), int):
                             raise ValueError(f"answers[{i}] needs a string 'text' and an integer 'answer_start', "
                                              f"got {answer!r}")
                     rows.append({
                         "id": qa["id"], "title": article.get("title", ""), "context": context,
                         "question": qa["question"],
-                        "answers": {"text": [a["text"] for a in answers],
-                                    "answer_start": [a["answer_start"] for a in answers]},
+                        "answers": {"text": [a["text"] for a in given],
+                                    "answer_start": [a["answer_start"] for a in given]},
                     })
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path}: not valid JSON: {exc}") from exc
@@ -147,13 +148,29 @@ def prepare_eval_features(batch: Mapping[str, list], tokenizer: PreTrainedTokeni
 def postprocess(examples: datasets.Dataset, features: datasets.Dataset, start_logits: Sequence[Any],
                 end_logits: Sequence[Any], n_best: int = 20, max_answer_length: int = 30,
                 version_2: bool = False, null_threshold: float = 0.0) -> dict[str, str]:
-    """Answer text per example id from per-feature logits (row i belongs to `features[i]`; rows may be
+    """Answer text per example id (`scored_answers` without the scores)."""
+    return {k: text for k, (text, _) in scored_answers(examples, features, start_logits, end_logits, n_best,
+                                                        max_answer_length, version_2, null_threshold).items()}
+
+
+def _probability(logits: np.ndarray, allowed: np.ndarray, i: int) -> float:
+    """softmax(logits over the `allowed` positions)[i]."""
+    x = logits[allowed]
+    return float(np.exp(logits[i] - x.max()) / np.exp(x - x.max()).sum())
+
+
+def scored_answers(examples: datasets.Dataset, features: datasets.Dataset, start_logits: Sequence[Any],
+                   end_logits: Sequence[Any], n_best: int = 20, max_answer_length: int = 30,
+                   version_2: bool = False, null_threshold: float = 0.0) -> dict[str, tuple[str, float]]:
+    """(answer text, score) per example id from per-feature logits (row i belongs to `features[i]`; rows may be
     longer than the feature, the padding is ignored).
 
     Over all windows of an example: the `n_best` start and end tokens inside the context, spans with
     start <= end and at most `max_answer_length` tokens, best start + end logit wins. With `version_2`,
     the answer is "" when the null score (the CLS logits, the lowest over the windows) exceeds the best
-    span's score by more than `null_threshold`. An example with no valid span gets "".
+    span's score by more than `null_threshold`. An example with no valid span gets "". The score is the
+    answer's probability in its window, start times end, each a softmax over the window's context tokens (and
+    its CLS token under `version_2`; "" scores the CLS token's): what the transformers QA pipeline reports.
     """
     wanted = [c for c in ("example_id", "offset_mapping", "cls_index") if c in features.column_names]
     columns = features.select_columns(wanted).with_format(None)[:]  # one read, not row by row
@@ -165,12 +182,17 @@ def postprocess(examples: datasets.Dataset, features: datasets.Dataset, start_lo
     answers = {}
     examples = examples.select_columns(["id", "context"]).with_format(None)[:]
     for example_id, context in zip(examples["id"], examples["context"], strict=True):
-        best_score, best_span, null_score = -np.inf, None, np.inf
+        best_score, best, null_score, null = -np.inf, None, np.inf, None
         for i in by_example[example_id]:
             starts, ends = (np.asarray(x[i], dtype=np.float64) for x in (start_logits, end_logits))
             offsets = all_offsets[i]
-            null_score = min(null_score, starts[cls_index[i]] + ends[cls_index[i]])
-            in_context = np.array([o is not None for o in offsets[: len(starts)]])
+            in_context = np.array([o is not None for o in offsets[: len(starts)]] + [False] * (len(starts) - len(offsets)))
+            allowed = in_context.copy()
+            if version_2:
+                allowed[cls_index[i]] = True
+            if starts[cls_index[i]] + ends[cls_index[i]] < null_score:
+                null_score = starts[cls_index[i]] + ends[cls_index[i]]
+                null = (i, starts, ends, allowed)
             candidates = np.flatnonzero(in_context)
             if not len(candidates):
                 continue
@@ -181,9 +203,15 @@ def postprocess(examples: datasets.Dataset, features: datasets.Dataset, start_lo
                               starts[top_s][:, None] + ends[top_e][None, :], -np.inf)
             s, e = np.unravel_index(np.argmax(scores), scores.shape)
             if scores[s, e] > best_score:
-                best_score, best_span = scores[s, e], (offsets[top_s[s]][0], offsets[top_e[e]][1])
-        text = context[best_span[0]: best_span[1]] if best_span is not None else ""
-        if version_2 and (best_span is None or null_score - best_score > null_threshold):
-            text = ""
-        answers[example_id] = text
+                best_score = scores[s, e]
+                best = (offsets[top_s[s]][0], offsets[top_e[e]][1],
+                        _probability(starts, allowed, top_s[s]) * _probability(ends, allowed, top_e[e]))
+        if version_2 and (best is None or null_score - best_score > null_threshold):
+            i, starts, ends, allowed = null
+            c = cls_index[i]
+            answers[example_id] = ("", _probability(starts, allowed, c) * _probability(ends, allowed, c))
+        elif best is None:
+            answers[example_id] = ("", 0.0)
+        else:
+            answers[example_id] = (context[best[0]: best[1]], best[2])
     return answers

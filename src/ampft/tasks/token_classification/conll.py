@@ -24,8 +24,9 @@ IGNORE_INDEX = -100  # PyTorch's cross-entropy ignore_index: no loss, no predict
 _FIELDS = re.compile(r"[ \t]+")
 
 
-def read_conll(path: str | Path, token_column: int = 0, tag_column: int = -1) -> datasets.Dataset:
-    """Sentences of a CoNLL file (one token per line, blank line between sentences) as tokens/tags lists."""
+def read_conll(path: str | Path, token_column: int = 0, tag_column: int | None = -1) -> datasets.Dataset:
+    """Sentences of a CoNLL file (one token per line, blank line between sentences) as tokens/tags lists;
+    `tag_column=None`: the tokens only (a file to tag, whose lines may hold the token alone)."""
     sentences: list[tuple[list[str], list[str]]] = []
     tokens: list[str] = []
     tags: list[str] = []
@@ -43,7 +44,10 @@ def read_conll(path: str | Path, token_column: int = 0, tag_column: int = -1) ->
             width = width or n
             if n != width:
                 problem = f"{n} fields where the file's first token line has {width}"
-            elif not (-n <= token_column < n and -n <= tag_column < n) or token_column % n == tag_column % n:
+            elif tag_column is None and not -n <= token_column < n:
+                problem = f"{n} field(s) have no token column {token_column} (set task.token_column)"
+            elif tag_column is not None and (not (-n <= token_column < n and -n <= tag_column < n)
+                                             or token_column % n == tag_column % n):
                 problem = (f"{n} field(s) have no separate token column {token_column} and tag column "
                            f"{tag_column} (set token_column/tag_column)")
             else:
@@ -51,15 +55,16 @@ def read_conll(path: str | Path, token_column: int = 0, tag_column: int = -1) ->
             if problem:
                 raise ValueError(f"{path}:{lineno}: malformed line {line!r}: {problem}")
             tokens.append(fields[token_column])
-            tags.append(fields[tag_column])
+            if tag_column is not None:
+                tags.append(fields[tag_column])
     if tokens:  # a last sentence without a final blank line
         sentences.append((tokens, tags))
-    features = datasets.Features(
-        tokens=datasets.List(datasets.Value("string")), tags=datasets.List(datasets.Value("string"))
-    )
-    return datasets.Dataset.from_dict(
-        {"tokens": [s[0] for s in sentences], "tags": [s[1] for s in sentences]}, features=features
-    )
+    words = datasets.List(datasets.Value("string"))
+    if tag_column is None:
+        return datasets.Dataset.from_dict({"tokens": [s[0] for s in sentences]},
+                                          features=datasets.Features(tokens=words))
+    return datasets.Dataset.from_dict({"tokens": [s[0] for s in sentences], "tags": [s[1] for s in sentences]},
+                                      features=datasets.Features(tokens=words, tags=words))
 
 
 def label_list(data: datasets.Dataset | Iterable[datasets.Dataset]) -> list[str]:

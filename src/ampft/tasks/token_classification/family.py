@@ -10,8 +10,10 @@ lists. Scores: entity-level precision/recall/F1 as conlleval computes them (seqe
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
+from typing import Any
 
 import torch
 from accelerate import Accelerator
@@ -26,7 +28,7 @@ from transformers import (
 )
 
 from ampft.config import SeqevalMode, TagScheme
-from ampft.data.load import DataError, load_splits, split_key
+from ampft.data.load import PREDICT, DataError, load_splits, split_key
 from ampft.evaluation import predict
 from ampft.tasks.base import Family, column_names_unread, register
 from ampft.tasks.token_classification import conll
@@ -35,6 +37,8 @@ from ampft.tasks.token_classification.seqeval import Seqeval
 log = logging.getLogger(__name__)
 
 EXTENSIONS = (".txt", ".conll")
+# The model card's example (`usage`): one sentence, as words.
+EXAMPLE = ["EU", "rejects", "German", "call", "to", "boycott", "British", "lamb", "."]
 
 
 class TokenClassification(Family):
@@ -72,16 +76,7 @@ class TokenClassification(Family):
         return tokenizer
 
     def load(self, task: DictConfig) -> tuple[DatasetDict, list[str]]:
-        def read(path: str, split: str) -> Dataset:
-            try:
-                ds = conll.read_conll(path, task.token_column, task.tag_column)
-            except (ValueError, UnicodeDecodeError) as exc:
-                raise DataError(f"{split_key(split)}={path}: not a CoNLL file: {exc}") from exc
-            if len(ds) == 0:
-                raise DataError(f"{split_key(split)}={path}: no sentences in the file")
-            return ds
-
-        raw = load_splits(task, read)
+        raw = load_splits(task, lambda path, split: _read(path, split, task.token_column, task.tag_column))
         if task.train_file is None:  # a Hub dataset: its columns, as tokens/tags string lists
             raw = DatasetDict({s: _tokens_and_tags(ds, task, s) for s, ds in raw.items()})
         labels = [str(t) for t in task.labels] if task.labels is not None else conll.label_list(raw)
@@ -150,6 +145,59 @@ class TokenClassification(Family):
         results["loss"] = float(torch.cat(loss_sums).sum() / torch.cat(counts).sum().clamp(min=1))
         results["samples"] = len(gold)
         return results
+
+    def read_inputs(self, task: DictConfig, path: str) -> Dataset:
+        # The words only: a file of one word per line, or a CoNLL file whose tags are ignored.
+        return _read(path, PREDICT, task.token_column, None)
+
+    def input_features(self, inputs: Dataset, task: DictConfig, tokenizer: PreTrainedTokenizerBase) -> Dataset:
+        def fn(batch):
+            out = conll.tokenize_and_align(batch, tokenizer, {}, task.max_length)
+            out["length"] = [len(ids) for ids in out["input_ids"]]
+            return out
+
+        return inputs.map(fn, batched=True, remove_columns=inputs.column_names, desc="tokenizing")
+
+    def predict(self, accelerator: Accelerator, model, dataloader: DataLoader, features: Dataset,
+                inputs: Dataset, task: DictConfig, labels: list[str] | None) -> list[dict[str, Any]]:
+        def outputs(batch, out):
+            ids = out.logits.argmax(dim=-1)  # each rank's batch may be padded to another width
+            return (accelerator.pad_across_processes(ids, dim=1, pad_index=conll.IGNORE_INDEX),)
+
+        (parts,) = predict(accelerator, model, dataloader, outputs)
+        words = list(inputs["tokens"])
+        tags = conll.predictions_to_tags([row for batch in parts for row in batch.numpy()], list(features["word_ids"]),
+                                         labels, num_words=[len(w) for w in words])
+        return [{"tokens": w, "tags": t} for w, t in zip(words, tags, strict=True)]
+
+    def usage(self, task: DictConfig) -> str:
+        return f"""import torch
+from transformers import AutoModelForTokenClassification, AutoTokenizer
+
+path = "path/to/this/folder"
+tokenizer = AutoTokenizer.from_pretrained(path)
+model = AutoModelForTokenClassification.from_pretrained(path).eval()
+words = {json.dumps(EXAMPLE)}
+inputs = tokenizer(words, is_split_into_words=True, truncation=True, max_length={task.max_length}, return_tensors="pt")
+with torch.inference_mode():
+    ids = model(**inputs).logits[0].argmax(-1).tolist()
+tags, seen = ["O"] * len(words), set()
+for position, word in enumerate(inputs.word_ids()):
+    if word is not None and word not in seen:  # a word's tag is its first sub-token's
+        seen.add(word)
+        tags[word] = model.config.id2label[ids[position]]
+print({{"tokens": words, "tags": tags}})
+"""
+
+
+def _read(path: str, split: str, token_column: int, tag_column: int | None) -> Dataset:
+    try:
+        ds = conll.read_conll(path, token_column, tag_column)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise DataError(f"{split_key(split)}={path}: not a CoNLL file: {exc}") from exc
+    if len(ds) == 0:
+        raise DataError(f"{split_key(split)}={path}: no sentences in the file")
+    return ds
 
 
 def _tokens_and_tags(ds: Dataset, task: DictConfig, split: str) -> Dataset:

@@ -1,0 +1,98 @@
+"""`make predict`: a saved run (its exported model) or one of its checkpoints on a file without labels.
+
+RUN_DIR/predictions/<name>/ gets predictions.jsonl, one JSON object per input in the input's order (`index`:
+its position in the file, from 0; then what the task family predicts: the label and class probabilities,
+the value, per-word tags, the answer and its score), and predict.json (what ran); with `format=glue` also
+the GLUE test server's file. The name says what was run: `<final|step_N>_<file stem>[_precision-P][_batch-B]`.
+Nothing the training run wrote is replaced. Inputs run in length order (little padding) and come back in
+file order."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+from tqdm.auto import tqdm
+
+from ampft.config import PredictFormat
+from ampft.data import inference_dataloader, length_order
+from ampft.errors import DataError, EvaluationError
+from ampft.evaluation.saved import evaluation_name, open_saved
+from ampft.tasks.classification import glue
+
+log = logging.getLogger(__name__)
+
+
+def _check_file(path: Path, family) -> None:
+    """A file that exists, in a format the family reads, with something in it."""
+    if not path.is_file():
+        raise DataError(f"file={path}: no such file")
+    try:
+        family.check_file(str(path))
+    except ValueError as exc:
+        raise DataError(f"file={exc}") from exc
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 16):
+            if chunk.strip():
+                return
+    raise DataError(f"file={path}: the file is empty (line 1 has nothing): nothing to predict")
+
+
+def predict_saved(e: DictConfig) -> dict[str, Any]:
+    if e.file is None:
+        raise EvaluationError("file=PATH is needed: the file to predict (csv/tsv/json/jsonl/parquet with the task's "
+                              "text columns, CoNLL words, or SQuAD JSON questions)")
+    saved = open_saved(e)
+    cfg, family, task = saved.cfg, saved.family, saved.cfg.task
+    path = Path(e.file)
+    name = evaluation_name(e, saved.weights, saved.kind)
+    out_dir = saved.run_dir / "predictions" / name
+    glue_file = glue.submission_file(task.name, str(path), task.labels) if e.format == PredictFormat.glue else None
+    _check_file(path, family)
+    inputs = family.read_inputs(task, str(path))
+    if task.max_eval_samples is not None and len(inputs) > task.max_eval_samples:
+        inputs = inputs.select(range(task.max_eval_samples))
+
+    accelerator, ran, tokenizer, model = saved.load()
+    features = family.input_features(inputs, task, tokenizer)
+    # Longest first, as evaluation does: batches of similar lengths; one feature per example keeps its example
+    # beside it (QA's windows find their question by id).
+    order = length_order(features["length"][:])
+    features = features.select(order)
+    examples = inputs.select(order) if family.one_feature_per_example else inputs
+    dataloader = inference_dataloader(cfg, family, features, tokenizer, accelerator.device, model)
+    batch_size = dataloader.batch_size
+    model, dataloader = accelerator.prepare(model, dataloader)
+    started = time.perf_counter()
+    bar = tqdm(dataloader, desc="predict", dynamic_ncols=True, disable=not accelerator.is_main_process)
+    rows = family.predict(accelerator, model, bar, features, examples, task, task.labels)
+    seconds = time.perf_counter() - started
+    if family.one_feature_per_example:  # back to the file's order
+        by_position = [None] * len(rows)
+        for row, position in zip(rows, order, strict=True):
+            by_position[position] = row
+        rows = by_position
+    rows = [{"index": i, **row} for i, row in enumerate(rows)]
+
+    out = dict(name=name, source=str(saved.weights), kind=saved.kind, file=str(path), task=task.name,
+               precision=ran, eval_batch_size=batch_size, num_processes=accelerator.num_processes,
+               samples=len(rows), seconds=seconds, files=["predictions.jsonl", *([glue_file] if glue_file else [])])
+    if accelerator.is_main_process:
+        if out_dir.exists():
+            log.warning("replacing the earlier predictions in %s (same name: same weights, file and overrides)",
+                        out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        with (out_dir / "predictions.jsonl").open("w") as f:
+            f.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
+        if glue_file:
+            indices = inputs["index"] if "index" in inputs.column_names else range(len(rows))
+            (out_dir / glue_file).write_text(glue.submission(task.name, rows, list(indices), task.labels))
+        (out_dir / "predict.json").write_text(json.dumps(out, indent=2) + "\n")
+        log.info("predictions of %s on %s: %d rows -> %s", saved.weights, path, len(rows), out_dir)
+    out["path"] = str(out_dir)
+    accelerator.wait_for_everyone()
+    return out
