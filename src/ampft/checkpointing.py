@@ -46,6 +46,7 @@ MANIFEST = "manifest.json"
 TRAIN_STATE = "train_state.json"
 SCHEDULER = "scheduler.json"  # the LR scheduler, where Accelerate's save_state leaves it out (DeepSpeed)
 HASH = "sha256"  # the manifest's key for the checksums (ampft.files.sha256)
+SEAL = "manifest_sha256"  # the manifest's checksum of its own other keys (an edited `seq` or `parent` shows)
 PICKLE = re.compile(r"^custom_checkpoint_\d+\.pkl$")  # Accelerate's custom state: unpickled with weights_only=False
 
 # Config keys whose change breaks an exact resume (prefixes). Everything else (logging, evaluation
@@ -80,10 +81,30 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _seal(body: dict[str, Any]) -> str:
+    """SHA-256 of a manifest's keys other than the seal itself, in a canonical JSON form."""
+    rest = {k: v for k, v in body.items() if k != SEAL}
+    return hashlib.sha256(json.dumps(rest, sort_keys=True).encode()).hexdigest()
+
+
+def write_manifest(folder: Path, body: dict[str, Any]) -> None:
+    """Write (or rewrite) a checkpoint's manifest with its seal, atomically and durably: a crash leaves the old
+    manifest or the new one, never a torn one."""
+    body = {**{k: v for k, v in body.items() if k != SEAL}, SEAL: _seal(body)}
+    tmp = Path(folder) / (MANIFEST + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(json.dumps(body, indent=2))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, Path(folder) / MANIFEST)
+    _fsync_dir(Path(folder))
+
+
 def verify(path: Path, content: bool = True) -> list[str]:
     """What is wrong with a checkpoint folder (empty list: complete and as its manifest says).
 
-    content=False checks presence and sizes only (cheap, for listing); True also every file's checksum."""
+    content=False checks presence and sizes only (cheap, for listing); True also every file's checksum. The
+    manifest's own seal is checked either way (it is one small file)."""
     manifest = path / MANIFEST
     if not manifest.is_file():
         return [f"no {MANIFEST} (an interrupted or foreign save)"]
@@ -92,6 +113,11 @@ def verify(path: Path, content: bool = True) -> list[str]:
         files, sums = body["files"], body.get(HASH)
     except (ValueError, KeyError, TypeError) as exc:
         return [f"unreadable {MANIFEST}: {exc}"]
+    if SEAL not in body:
+        return [f"{MANIFEST} has no {SEAL} (written by an older ampft): its lineage and step cannot be checked"]
+    if body[SEAL] != _seal(body):
+        return [f"{MANIFEST} does not match its own {SEAL} (edited or corrupted after the save): its step, lineage "
+                "and checksums cannot be trusted"]
     problems = []
     for name, size in files.items():
         f = path / name
@@ -101,7 +127,7 @@ def verify(path: Path, content: bool = True) -> list[str]:
             problems.append(f"{name} is {f.stat().st_size} bytes, the manifest says {size}")
     for f in sorted(path.rglob("*")):
         name = str(f.relative_to(path))
-        if f.is_file() and name != MANIFEST and name not in files:
+        if f.is_file() and name not in (MANIFEST, MANIFEST + ".tmp") and name not in files:
             why = "a pickle, which ampft never loads" if PICKLE.match(f.name) else "not in the manifest"
             problems.append(f"unexpected file {name} ({why})")
     if content and not problems:
@@ -213,11 +239,7 @@ def save(accelerator: Accelerator, run_dir: Path, step: int, info: dict[str, Any
             body = {"step": step, **info, "config_hash": config_hash(config), "created": time.time(),
                     "seq": _next_seq(root), "parent": lineage,
                     "files": {n: (tmp / n).stat().st_size for n in names}, HASH: sums}
-            with open(tmp / MANIFEST, "w") as f:  # written last: its presence means complete
-                f.write(json.dumps(body, indent=2))
-                f.flush()
-                os.fsync(f.fileno())
-            _fsync_dir(tmp)
+            write_manifest(tmp, body)  # written last: its presence means complete
     except Exception as exc:
         if accelerator.is_main_process:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -108,6 +108,27 @@ def test_same_size_corruption_resumes_from_the_previous_checkpoint(saved, tmp_pa
     assert manifest(run_dir / "checkpoints" / "step_4")["parent"]["name"] == "step_2"
 
 
+def test_an_edited_manifest_is_never_trusted(saved, tmp_path, caplog):
+    """The manifest seals its own keys: a `seq` edited by hand (to make an old checkpoint look newest) or a
+    manifest from before the seal is skipped by `latest` and refused by path, naming why."""
+    run_dir = _copy(saved, tmp_path)
+    step_2, step_4 = run_dir / "checkpoints" / "step_2", run_dir / "checkpoints" / "step_4"
+    body = manifest(step_2)
+    body["seq"] = 99
+    (step_2 / "manifest.json").write_text(json.dumps(body))
+    assert verify(step_2) == ["manifest.json does not match its own manifest_sha256 (edited or corrupted after "
+                              "the save): its step, lineage and checksums cannot be trusted"]
+    assert checkpoints(run_dir) == [step_4]
+    with pytest.raises(CheckpointError, match="step_2 cannot be loaded: manifest.json does not match its own"):
+        resolve_resume(run_dir, str(step_2))
+    body = manifest(step_4)
+    del body["manifest_sha256"]
+    (step_4 / "manifest.json").write_text(json.dumps(body))
+    with caplog.at_level(logging.WARNING, logger="ampft.checkpointing"):
+        assert resolve_resume(run_dir, "latest") is None
+    assert "step_4: manifest.json has no manifest_sha256" in caplog.text and "step_2" in caplog.text
+
+
 # -- kill -9 inside a save, at each point ---------------------------------------------------------------
 
 EXACT = [*TINY, "trainer.log_every=1", "trainer.max_steps=12", "task.max_train_samples=320",
@@ -266,7 +287,7 @@ def _plant(ckpt: Path, name: str, data: bytes) -> None:
     body = manifest(ckpt)
     body["files"][name] = len(data)
     body["sha256"][name] = checkpointing.digests(ckpt, [name])[name]
-    (ckpt / "manifest.json").write_text(json.dumps(body))
+    checkpointing.write_manifest(ckpt, body)  # resealed: the seal detects damage, not a deliberate rewrite
     assert not verify(ckpt)
 
 
