@@ -140,18 +140,24 @@ def verify(path: Path, content: bool = True) -> list[str]:
     return problems
 
 
-def _order(good: list[Path]) -> list[Path]:
-    """Oldest first; the last is the newest save of the line going on (see the module docstring)."""
+def _lines(good: list[Path]) -> tuple[list[Path], list[Path]]:
+    """(checkpoints off the line going on, oldest first; the line going on, from its start to its newest save)."""
     info = {p: manifest(p) for p in good}
     by_seq = sorted(good, key=lambda p: (info[p].get("seq", 0), info[p].get("created", 0), _step(p)))
     if not by_seq:
-        return []
+        return [], []
     names = {p.name: p for p in good}
     line = [by_seq[-1]]
     while (parent := info[line[-1]].get("parent")) and (p := names.get(parent.get("name"))) is not None \
             and info[p].get("seq") == parent.get("seq") and p not in line:
         line.append(p)
-    return [p for p in by_seq if p not in line] + line[::-1]
+    return [p for p in by_seq if p not in line], line[::-1]
+
+
+def _order(good: list[Path]) -> list[Path]:
+    """Oldest first; the last is the newest save of the line going on (see the module docstring)."""
+    off, line = _lines(good)
+    return off + line
 
 
 def scan(run_dir: Path, content: bool = False) -> tuple[list[Path], list[tuple[Path, str]]]:
@@ -175,6 +181,34 @@ def checkpoints(run_dir: Path) -> list[Path]:
 
 def manifest(path: Path) -> dict[str, Any]:
     return json.loads((Path(path) / MANIFEST).read_text())
+
+
+def healthy(path: Path) -> bool | None:
+    """The checkpoint's health verdict: True once the training losses its own weights produced passed the
+    divergence checks, False when they failed them, None while not checked yet (no step trained from it)."""
+    verdict = manifest(path).get("health")
+    return None if verdict is None else bool(verdict["ok"])
+
+
+def record_health(path: Path, ok: bool, loss: float | None, step: int, why: str | None = None) -> None:
+    """Record the verdict on a checkpoint's weights in its manifest (main process): `loss` is the mean training
+    loss those weights produced, measured in optimizer step `step` (the first update trained from them)."""
+    body = manifest(path)
+    body["health"] = {"ok": ok, "loss": loss, "step": step, "why": why}
+    write_manifest(path, body)
+
+
+def known_good(path: Path | None) -> Path | None:
+    """The newest checkpoint known good among `path` and its ancestors on its line (None if none is left)."""
+    seen = set()
+    while path is not None and path.is_dir() and path not in seen and not verify(path, content=False):
+        seen.add(path)
+        if healthy(path):
+            return path
+        parent = manifest(path).get("parent")
+        nxt = path.parent / parent["name"] if parent else None
+        path = nxt if nxt is not None and nxt.is_dir() and manifest(nxt).get("seq") == parent["seq"] else None
+    return None
 
 
 def clean(root: Path) -> None:
@@ -237,7 +271,7 @@ def save(accelerator: Accelerator, run_dir: Path, step: int, info: dict[str, Any
             if parent is not None and (Path(parent) / MANIFEST).is_file():
                 lineage = {"name": Path(parent).name, "seq": manifest(parent).get("seq", 0)}
             body = {"step": step, **info, "config_hash": config_hash(config), "created": time.time(),
-                    "seq": _next_seq(root), "parent": lineage,
+                    "seq": _next_seq(root), "parent": lineage, "health": None,
                     "files": {n: (tmp / n).stat().st_size for n in names}, HASH: sums}
             write_manifest(tmp, body)  # written last: its presence means complete
     except Exception as exc:
@@ -262,7 +296,8 @@ def save(accelerator: Accelerator, run_dir: Path, step: int, info: dict[str, Any
         _fsync_dir(root)
         if replaced is not None:
             shutil.rmtree(replaced)
-        for old in rotate(checkpoints(run_dir), keep_last, keep_best, mode):
+        off, line = _lines(checkpoints(run_dir))
+        for old in rotate(off + line, keep_last, keep_best, mode, line):
             _remove(old)
         log.info("checkpoint saved: %s", final)
     accelerator.wait_for_everyone()
@@ -275,8 +310,9 @@ def _metric(path: Path) -> float | None:
 
 
 def best(found: list[Path], mode: str, k: int = 1) -> list[Path]:
-    """The k best checkpoints by their recorded metric (those without one never count)."""
-    scored = [p for p in found if _metric(p) is not None]
+    """The k best checkpoints by their recorded metric (those without one, or whose weights diverged, never
+    count)."""
+    scored = [p for p in found if _metric(p) is not None and healthy(p) is not False]
     return sorted(scored, key=lambda p: _metric(p), reverse=mode == "max")[:k]
 
 
@@ -295,10 +331,14 @@ def restore_best(accelerator: Accelerator, run_dir: Path, mode: str) -> Path | N
     return None
 
 
-def rotate(found: list[Path], keep_last: int, keep_best: int, mode: str) -> list[Path]:
-    """Checkpoints to delete: all but the last `keep_last` of `found` (in timeline order) and the best
-    `keep_best`."""
-    keep = set(found[-keep_last:]) | set(best(found, mode, keep_best) if keep_best else [])
+def rotate(found: list[Path], keep_last: int, keep_best: int, mode: str, line: list[Path] | None = None) -> list[Path]:
+    """Checkpoints to delete: all but the last `keep_last` of `found` (in timeline order), the best `keep_best`
+    and the newest known good (`healthy`) of `line` (the line going on; default `found`). The newest known good
+    one stays while newer ones are not checked yet: it is what a divergence sends the user back to."""
+    line = found if line is None else line
+    keep = set(found[-keep_last:]) | set(best(line, mode, keep_best) if keep_best else [])
+    good = [p for p in line if healthy(p)]
+    keep |= set(good[-1:])
     return [p for p in found if p not in keep]
 
 
@@ -313,6 +353,8 @@ def resolve_resume(run_dir: Path, resume: str | None) -> Path | None:
         for path in reversed(good):
             if problems := verify(path, content=True):
                 skipped.append((path, "; ".join(problems)))
+            elif healthy(path) is False:
+                skipped.append((path, _unhealthy(path)))
             else:
                 chosen = path
                 break
@@ -321,6 +363,8 @@ def resolve_resume(run_dir: Path, resume: str | None) -> Path | None:
         return chosen
     path = Path(resume)
     problems = verify(path) if path.is_dir() else ["no such folder"]
+    if not problems and healthy(path) is False:
+        problems = [_unhealthy(path)]
     if problems:
         raise CheckpointError(
             f"checkpoint.resume={resume} cannot be loaded: {'; '.join(problems)}. "
@@ -328,6 +372,13 @@ def resolve_resume(run_dir: Path, resume: str | None) -> Path | None:
             "(or checkpoint.resume=latest)."
         )
     return path
+
+
+def _unhealthy(path: Path) -> str:
+    h = manifest(path)["health"]
+    loss = "" if h.get("loss") is None else f", {h['loss']:.4g}"
+    return (f"its weights diverged (the loss they produced in step {h['step']}{loss} failed the divergence check: "
+            f"{h['why']}); resume from the checkpoint the divergence message named")
 
 
 def _scheduler_left_out(accelerator: Accelerator, scheduler) -> bool:

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import pickle
+import re
 import shutil
 import signal
 import subprocess
@@ -16,6 +18,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
 from ampft import checkpointing
 from ampft.checkpointing import CheckpointError, checkpoints, manifest, resolve_resume, verify
@@ -325,20 +328,67 @@ def test_checkpoint_metric_loss_is_minimised_unless_told_otherwise():
         validate(compose_config("finetune", [*TINY, "checkpoint.metric=loss", "checkpoint.mode=max"]))
 
 
-def test_exploding_loss_stops_the_run_and_names_the_last_good_checkpoint(tmp_path):
-    """optim.lr=1e3: the loss explodes within a few steps; no checkpoint is written from those weights."""
+def _named_checkpoint(msg: str) -> Path:
+    found = re.search(r"checkpoint.resume=(\S+) checkpoint.allow_config_change=true", msg)
+    assert found, msg
+    return Path(found.group(1))
+
+
+def test_exploding_loss_stops_the_run_and_says_when_no_checkpoint_is_known_good(tmp_path):
+    """optim.lr=1e3: the loss explodes within a few steps. step_2 was written before its weights' loss was
+    seen (the checks run one update behind), and that loss exploded: no checkpoint is known good, and the
+    message does not pretend one is; nothing is written after the exploded losses."""
     with pytest.raises(TrainingDiverged) as err:
         run(_tiny("optim.lr=1e3", "trainer.max_steps=20", "trainer.log_every=2"), tmp_path)
     msg = str(err.value)
     assert "the loss exploded" in msg and "precision.max_loss_ratio=10" in msg
-    kept = checkpoints(tmp_path)
-    assert kept, "the first checkpoint (before the explosion) should exist"
-    assert f"The last checkpoint, {kept[-1]}" in msg
-    initial = json.loads((kept[-1] / "train_state.json").read_text())["initial_loss"]
-    assert all(manifest(p)["loss"] < 10 * initial for p in kept)
+    initial = json.loads((tmp_path / "checkpoints" / "step_2" / "train_state.json").read_text())["initial_loss"]
+    for p in checkpoints(tmp_path):  # each judged by the loss its own weights produced
+        health = manifest(p)["health"]
+        assert health["ok"] == (health["loss"] < 10 * initial), (p, health)
+    if not any(checkpointing.healthy(p) for p in checkpoints(tmp_path)):
+        assert "No checkpoint of this run is known good to go back to" in msg
+        assert "allow_config_change" not in msg  # no checkpoint to resume from is suggested
+        assert resolve_resume(tmp_path, "latest") is None
+    else:
+        assert checkpointing.healthy(_named_checkpoint(msg))
     assert not (tmp_path / "model").exists()
 
 
+@pytest.mark.parametrize("overrides", [
+    # The first update with lr 5e29 wrecks the weights: the checkpoint of that step gives NaN losses.
+    ["optim.lr=1e30", "scheduler.warmup_steps=2", "checkpoint.every=1"],
+    # lr 1.0 after warmup: a checkpoint is saved from weights whose own loss (seen one update later) explodes.
+    ["optim.lr=1.0", "scheduler.warmup_steps=8", "checkpoint.every=2"],
+])
+def test_divergence_never_names_a_checkpoint_whose_own_weights_diverged(tmp_path, overrides):
+    """The loss of a step is computed with the previous update's weights: the check runs one update behind the
+    save. The checkpoint named must be one whose own weights were checked: the loss they produced (logged at
+    the next step, log_every=1) is finite and within max_loss_ratio, and so is its validation loss evaluated on
+    its own. Newer checkpoints are marked diverged, `latest` skips them, and rotation (keep_last=1) keeps the
+    good one."""
+    with pytest.raises(TrainingDiverged) as err:
+        run(_tiny("trainer.max_steps=20", "trainer.log_every=1", "checkpoint.keep_last=1", *overrides), tmp_path)
+    msg = str(err.value)
+    named = _named_checkpoint(msg)
+    assert named.is_dir() and not verify(named)
+    step = manifest(named)["step"]
+    initial = json.loads((named / "train_state.json").read_text())["initial_loss"]
+    losses = _losses(tmp_path)
+    assert math.isfinite(losses[step + 1][0]) and losses[step + 1][0] <= 10 * initial, (step, losses)
+    from ampft.evaluation.saved import evaluate_saved
+
+    evaluated = evaluate_saved(OmegaConf.create(dict(run=None, checkpoint=str(named), split="validation", file=None,
+                                                     precision=None, batch_size=None, name=None)))
+    assert math.isfinite(evaluated["metrics"]["loss"]) and evaluated["metrics"]["loss"] <= 10 * initial
+    newer = [p for p in checkpoints(tmp_path) if manifest(p)["step"] > step]
+    assert newer and all(checkpointing.healthy(p) is False for p in newer)
+    assert "is marked diverged, and checkpoint.resume=latest skips it" in msg
+    assert resolve_resume(tmp_path, "latest") == named
+    with pytest.raises(CheckpointError, match="its weights diverged"):
+        resolve_resume(tmp_path, str(newer[-1]))
+
+
 def test_explosion_before_any_checkpoint_says_there_is_none(tmp_path):
-    with pytest.raises(TrainingDiverged, match="There is no checkpoint of this run to go back to"):
+    with pytest.raises(TrainingDiverged, match="No checkpoint of this run is known good to go back to"):
         run(_tiny("optim.lr=1e3", "trainer.max_steps=20", "trainer.log_every=2", "checkpoint.every=0"), tmp_path)
