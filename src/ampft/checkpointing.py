@@ -245,10 +245,10 @@ def _bytes_needed(run_dir: Path, accelerator: Accelerator) -> int:
 
 def save(accelerator: Accelerator, run_dir: Path, step: int, info: dict[str, Any], state: dict[str, Any],
          config: dict[str, Any], model_config, keep_last: int, keep_best: int = 0, mode: str = "max",
-         parent: Path | None = None, scheduler=None) -> Path:
+         parent: Path | None = None, scheduler=None, run_id: str | None = None) -> Path:
     """Write a checkpoint atomically, then rotate: keep the last `keep_last` of the timeline and the best
-    `keep_best`. `parent`: the checkpoint this line of training continues (the previous save, or the one
-    it resumed from). A failed write (a full disk) leaves the earlier checkpoints as they were."""
+    `keep_best` of this run (`run_id`). `parent`: the checkpoint this line of training continues (the previous
+    save, or the one it resumed from). A failed write (a full disk) leaves the earlier checkpoints as they were."""
     root = Path(run_dir) / "checkpoints"
     final = root / f"step_{step}"
     tmp = final.with_name(final.name + ".tmp")
@@ -271,7 +271,7 @@ def save(accelerator: Accelerator, run_dir: Path, step: int, info: dict[str, Any
             if parent is not None and (Path(parent) / MANIFEST).is_file():
                 lineage = {"name": Path(parent).name, "seq": manifest(parent).get("seq", 0)}
             body = {"step": step, **info, "config_hash": config_hash(config), "created": time.time(),
-                    "seq": _next_seq(root), "parent": lineage, "health": None,
+                    "seq": _next_seq(root), "parent": lineage, "run_id": run_id, "health": None,
                     "files": {n: (tmp / n).stat().st_size for n in names}, HASH: sums}
             write_manifest(tmp, body)  # written last: its presence means complete
     except Exception as exc:
@@ -297,7 +297,7 @@ def save(accelerator: Accelerator, run_dir: Path, step: int, info: dict[str, Any
         if replaced is not None:
             shutil.rmtree(replaced)
         off, line = _lines(checkpoints(run_dir))
-        for old in rotate(off + line, keep_last, keep_best, mode, line):
+        for old in rotate(off + line, keep_last, keep_best, mode, line, run_id):
             _remove(old)
         log.info("checkpoint saved: %s", final)
     accelerator.wait_for_everyone()
@@ -316,12 +316,18 @@ def best(found: list[Path], mode: str, k: int = 1) -> list[Path]:
     return sorted(scored, key=lambda p: _metric(p), reverse=mode == "max")[:k]
 
 
-def restore_best(accelerator: Accelerator, run_dir: Path, mode: str) -> Path | None:
-    """Load the run's best checkpoint (by its recorded metric; the best whose every byte verifies) into the
-    prepared objects, for exporting its weights; return it, or None (nothing loaded) when no checkpoint has
-    a metric that verifies. Model, optimizer, scaler and RNG states become the checkpoint's; the training
-    state is not touched."""
-    found = checkpoints(run_dir)
+def of_run(found: list[Path], run_id: str | None) -> list[Path]:
+    """The checkpoints a run wrote (its own and those of its resumes): never a previous run's in a reused
+    folder. None: all of them."""
+    return found if run_id is None else [p for p in found if manifest(p).get("run_id") == run_id]
+
+
+def restore_best(accelerator: Accelerator, run_dir: Path, mode: str, run_id: str | None = None) -> Path | None:
+    """Load the best checkpoint of run `run_id` (by its recorded metric; the best whose every byte verifies)
+    into the prepared objects, for exporting its weights; return it, or None (nothing loaded) when none of its
+    checkpoints has a metric that verifies. Model, optimizer, scaler and RNG states become the checkpoint's;
+    the training state is not touched."""
+    found = of_run(checkpoints(run_dir), run_id)
     for path in best(found, mode, k=len(found)):
         if problems := verify(path):
             log.warning("not exporting %s, the best checkpoint by its metric: %s", path, "; ".join(problems))
@@ -331,12 +337,14 @@ def restore_best(accelerator: Accelerator, run_dir: Path, mode: str) -> Path | N
     return None
 
 
-def rotate(found: list[Path], keep_last: int, keep_best: int, mode: str, line: list[Path] | None = None) -> list[Path]:
+def rotate(found: list[Path], keep_last: int, keep_best: int, mode: str, line: list[Path] | None = None,
+           run_id: str | None = None) -> list[Path]:
     """Checkpoints to delete: all but the last `keep_last` of `found` (in timeline order), the best `keep_best`
-    and the newest known good (`healthy`) of `line` (the line going on; default `found`). The newest known good
-    one stays while newer ones are not checked yet: it is what a divergence sends the user back to."""
+    of run `run_id` (a previous run's in a reused folder never count) and the newest known good (`healthy`) of
+    `line` (the line going on; default `found`). The newest known good one stays while newer ones are not
+    checked yet: it is what a divergence sends the user back to."""
     line = found if line is None else line
-    keep = set(found[-keep_last:]) | set(best(line, mode, keep_best) if keep_best else [])
+    keep = set(found[-keep_last:]) | set(best(of_run(found, run_id), mode, keep_best) if keep_best else [])
     good = [p for p in line if healthy(p)]
     keep |= set(good[-1:])
     return [p for p in found if p not in keep]

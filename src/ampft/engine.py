@@ -101,6 +101,7 @@ class Training:
     max_steps: int  # optimizer updates to apply in all (trainer.max_steps, or trainer.epochs' worth)
     state: TrainState  # where training stands: checkpointed, restored on resume
     resumed_from: Path | None = None  # the checkpoint `state` was loaded from
+    run_id: str | None = None  # this run's identity, in each of its manifests (kept by its resumes)
 
 
 @dataclass(frozen=True)
@@ -530,7 +531,7 @@ class TrainingLoop:
             t.accelerator, t.run_dir, st.step, info, st.state_dict(), to_plain(t.cfg),
             t.accelerator.unwrap_model(t.model).config, ck.keep_last, ck.keep_best,
             metric_mode(ck.metric or t.cfg.task.main_metric, ck.mode), parent=self.last_checkpoint,
-            scheduler=t.scheduler)
+            scheduler=t.scheduler, run_id=t.run_id)
         self.guard.track(self.last_checkpoint)
         self.meters.restart()
 

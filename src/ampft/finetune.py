@@ -10,6 +10,7 @@ import functools
 import logging
 import math
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,13 @@ import torch
 import transformers
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState, GradientState
-from accelerate.utils import DataLoaderConfiguration, TorchDynamoPlugin, is_compiled_module, set_seed
+from accelerate.utils import (
+    DataLoaderConfiguration,
+    TorchDynamoPlugin,
+    broadcast_object_list,
+    is_compiled_module,
+    set_seed,
+)
 from omegaconf import DictConfig, OmegaConf
 from transformers import PreTrainedTokenizerBase, get_scheduler
 
@@ -114,7 +121,8 @@ def run(cfg: DictConfig, run_dir: Path, started: float | None = None) -> dict[st
         if cfg.checkpoint.export:  # checkpoint.export_best: the best checkpoint's weights replace the last ones
             ck = cfg.checkpoint
             mode = metric_mode(ck.metric or cfg.task.main_metric, ck.mode)
-            best = checkpointing.restore_best(training.accelerator, run_dir, mode) if ck.export_best else None
+            best = (checkpointing.restore_best(training.accelerator, run_dir, mode, training.run_id)
+                    if ck.export_best else None)
             export_model(training, tokenizer, summary, best)
         if training.accelerator.is_main_process:
             write_summary(run_dir, summary)
@@ -201,10 +209,23 @@ def build(cfg: DictConfig, run_dir: Path) -> tuple[Training, PreTrainedTokenizer
         accelerator=accelerator, model=model, optimizer=optimizer, scheduler=scheduler, train_dl=train_dl,
         evaluate=lambda: tasks.evaluate(accelerator, eval_model, data, eval_dls, cfg.task, run_dir),
         tracker=tracker, cfg=cfg, family=family, run_dir=run_dir, max_steps=max_steps, state=state, resumed_from=resume,
+        run_id=run_identity(accelerator, resume),
     )
     log.info("training: %d optimizer steps (%d per epoch), batch %d x %d processes x %d accumulation",
              max_steps, steps_per_epoch, tr.batch_size, accelerator.num_processes, tr.grad_accum)
     return training, tokenizer, ran_precision
+
+
+def run_identity(accelerator: Accelerator, resume: Path | None) -> str:
+    """The run's id, written into each of its checkpoints: a resume continues its checkpoint's run; a new run
+    (also one in a reused folder) draws a new id, the same on every rank. Only a run's own checkpoints are
+    candidates for its best (`checkpointing.of_run`)."""
+    if resume is not None and (found := checkpointing.manifest(resume).get("run_id")):
+        return found
+    drawn = [uuid.uuid4().hex[:12]]
+    if accelerator.num_processes > 1:
+        broadcast_object_list(drawn)
+    return drawn[0]
 
 
 # What a run leaves in its run dir (Hydra's own .hydra/ and <job>.log aside).

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from ampft import launch
 from ampft.checkpointing import checkpoints, manifest
@@ -98,6 +99,30 @@ def test_a_folder_holding_a_run_is_refused_unless_resuming_or_reusing(tmp_path):
     steps = [json.loads(x)["step"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines() if '"train"' in x]
     assert steps == [1, 2, 3, 4]  # the earlier run's history moved to metrics.replaced.jsonl
     assert (tmp_path / "metrics.replaced.jsonl").read_text().count('"train"') == 4
+
+
+def test_a_reused_folder_never_exports_or_keeps_the_previous_runs_best(tmp_path):
+    """The previous run stays at the initial validation loss (lr 1e-9); the new one in the same folder does
+    worse (lr 3e-2). Its export_best must export its own best, and the previous run's best must not survive
+    its rotation."""
+    best = ["checkpoint.keep_last=1", "checkpoint.keep_best=1", "checkpoint.metric=loss", "checkpoint.export_best=true"]
+    run(_tiny("trainer.max_steps=12", "checkpoint.every=4", "optim.lr=1e-9", *best), tmp_path)  # steps 4, 8, 12
+    old = {p: manifest(p) for p in checkpoints(tmp_path)}
+    old_runs = {m.get("run_id") for m in old.values()}
+    summary = run(_tiny("trainer.max_steps=6", "checkpoint.every=3", "optim.lr=3e-2", "checkpoint.reuse_run_dir=true",
+                        *best), tmp_path)
+    kept = checkpoints(tmp_path)
+    assert not set(kept) & set(old)  # only the new run's checkpoints survive
+    runs = {manifest(p)["run_id"] for p in kept}
+    assert len(runs) == 1 and runs.isdisjoint(old_runs)
+    new_best = min(kept, key=lambda p: manifest(p)["metric"]["value"])
+    # The old run's best was the better one: it would have been exported, and kept by keep_best.
+    assert manifest(new_best)["metric"]["value"] > min(m["metric"]["value"] for m in old.values())
+    assert summary["exported"].startswith(f"best: {new_best.name} ")
+    from safetensors.torch import load_file
+
+    exported, saved = load_file(tmp_path / "model" / "model.safetensors"), load_file(new_best / "model.safetensors")
+    assert all(torch.equal(exported[k], saved[k]) for k in exported if k in saved)
 
 
 def test_resume_latest_in_a_new_folder_warns_that_it_starts_afresh(tmp_path, caplog):
