@@ -46,6 +46,7 @@ MANIFEST = "manifest.json"
 TRAIN_STATE = "train_state.json"
 SCHEDULER = "scheduler.json"  # the LR scheduler, where Accelerate's save_state leaves it out (DeepSpeed)
 HASH = "sha256"  # the manifest's key for the checksums (ampft.files.sha256)
+LINE = "line.json"  # checkpoints/line.json: where the line of training going on started (`mark_line`)
 SEAL = "manifest_sha256"  # the manifest's checksum of its own other keys (an edited `seq` or `parent` shows)
 PICKLE = re.compile(r"^custom_checkpoint_\d+\.pkl$")  # Accelerate's custom state: unpickled with weights_only=False
 
@@ -140,38 +141,101 @@ def verify(path: Path, content: bool = True) -> list[str]:
     return problems
 
 
-def _lines(good: list[Path]) -> tuple[list[Path], list[Path]]:
-    """(checkpoints off the line going on, oldest first; the line going on, from its start to its newest save)."""
+def _lines(good: list[Path], start: dict[str, Any] | None = None) -> tuple[list[Path], list[Path]]:
+    """(checkpoints off the line going on, oldest first; the line going on, from its start to its newest save).
+
+    `start`: the run dir's line marker (`mark_line`). When it is newer than every save, a run started from its
+    `parent` after them (and has not saved yet): the line going on ends at that parent."""
     info = {p: manifest(p) for p in good}
     by_seq = sorted(good, key=lambda p: (info[p].get("seq", 0), info[p].get("created", 0), _step(p)))
     if not by_seq:
         return [], []
     names = {p.name: p for p in good}
-    line = [by_seq[-1]]
-    while (parent := info[line[-1]].get("parent")) and (p := names.get(parent.get("name"))) is not None \
-            and info[p].get("seq") == parent.get("seq") and p not in line:
+    if start is not None and start.get("seq", 0) > info[by_seq[-1]].get("seq", 0):
+        line, parent = [], start.get("parent")
+    else:
+        line, parent = [by_seq[-1]], info[by_seq[-1]].get("parent")
+    while parent and (p := names.get(parent.get("name"))) is not None and info[p].get("seq") == parent.get("seq") \
+            and p not in line:
         line.append(p)
+        parent = info[p].get("parent")
     return [p for p in by_seq if p not in line], line[::-1]
 
 
-def _order(good: list[Path]) -> list[Path]:
-    """Oldest first; the last is the newest save of the line going on (see the module docstring)."""
-    off, line = _lines(good)
-    return off + line
+def _line_start(root: Path) -> dict[str, Any] | None:
+    """The line marker of `root` (checkpoints/), or None (none, or unreadable: then the newest save decides)."""
+    path = root / LINE
+    if not path.is_file():
+        return None
+    try:
+        body = json.loads(path.read_text())
+        if isinstance(body, dict) and isinstance(body.get("seq"), int):
+            return body
+    except (ValueError, OSError):
+        pass
+    log.warning("%s is unreadable: ignored (the newest checkpoint decides the line going on)", path)
+    return None
+
+
+def mark_line(run_dir: Path, start: Path | None, run_id: str | None) -> None:
+    """Record that a run starts a line of training here from checkpoint `start` (None: from scratch), before it
+    trains (main process). Until it saves, the line going on is this one: a crash before its first save leaves
+    `latest` at `start`, not at the newest save of the line it abandoned. Only where there are checkpoints."""
+    root = Path(run_dir) / "checkpoints"
+    if not any(root.glob("step_*")):
+        return
+    parent = None
+    if start is not None and Path(start).parent.resolve() == root.resolve():
+        parent = {"name": Path(start).name, "seq": manifest(start).get("seq", 0)}
+    body = {"seq": _next_seq(root), "parent": parent, "run_id": run_id, "created": time.time()}
+    tmp = root / (LINE + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(json.dumps(body, indent=1))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, root / LINE)
+    _fsync_dir(root)
+
+
+def _sealed(path: Path) -> bool:
+    """The folder's manifest is readable and sealed: its place in the timeline can be trusted."""
+    try:
+        body = manifest(path)
+        return isinstance(body, dict) and body.get(SEAL) == _seal(body)
+    except (ValueError, OSError):
+        return False
+
+
+def _scan(run_dir: Path, content: bool) -> tuple[list[Path], list[Path], list[tuple[Path, str]]]:
+    """(complete checkpoints off the line going on, oldest first; those of the line going on, from its start;
+    [(skipped folder, why)]). The line is traced through every sealed manifest, damaged files or not: a
+    damaged newest save still ends the line at its parent, never at another line's newest."""
+    root = Path(run_dir) / "checkpoints"
+    good, placed, skipped = [], [], []
+    for p in sorted(root.glob("step_*")):
+        if not STEP_DIR.match(p.name):
+            skipped.append((p, "an unfinished save or deletion (temporary folder)"))
+            continue
+        if _sealed(p):
+            placed.append(p)
+        if problems := verify(p, content):
+            skipped.append((p, "; ".join(problems)))
+        else:
+            good.append(p)
+    off, line = _lines(placed, _line_start(root))
+    return [p for p in off if p in good], [p for p in line if p in good], skipped
+
+
+def lines(run_dir: Path) -> tuple[list[Path], list[Path]]:
+    """(complete checkpoints off the line going on, oldest first; the line going on, from its start)."""
+    off, line, _ = _scan(run_dir, content=False)
+    return off, line
 
 
 def scan(run_dir: Path, content: bool = False) -> tuple[list[Path], list[tuple[Path, str]]]:
     """(complete checkpoints in timeline order, oldest first; [(skipped folder, why)])."""
-    root = Path(run_dir) / "checkpoints"
-    good, skipped = [], []
-    for p in sorted(root.glob("step_*")):
-        if not STEP_DIR.match(p.name):
-            skipped.append((p, "an unfinished save or deletion (temporary folder)"))
-        elif problems := verify(p, content):
-            skipped.append((p, "; ".join(problems)))
-        else:
-            good.append(p)
-    return _order(good), skipped
+    off, line, skipped = _scan(run_dir, content)
+    return off + line, skipped
 
 
 def checkpoints(run_dir: Path) -> list[Path]:
@@ -227,7 +291,7 @@ def _remove(path: Path) -> None:
 
 
 def _next_seq(root: Path) -> int:
-    seqs = [0]
+    seqs = [0, (_line_start(root) or {}).get("seq", 0)]
     for p in root.glob("step_*/" + MANIFEST):
         with contextlib.suppress(ValueError, OSError, TypeError, AttributeError):  # a foreign or torn manifest
             seqs.append(int(json.loads(p.read_text()).get("seq", 0)))
@@ -296,7 +360,7 @@ def save(accelerator: Accelerator, run_dir: Path, step: int, info: dict[str, Any
         _fsync_dir(root)
         if replaced is not None:
             shutil.rmtree(replaced)
-        off, line = _lines(checkpoints(run_dir))
+        off, line = lines(run_dir)
         for old in rotate(off + line, keep_last, keep_best, mode, line, run_id):
             _remove(old)
         log.info("checkpoint saved: %s", final)
@@ -356,7 +420,10 @@ def resolve_resume(run_dir: Path, resume: str | None) -> Path | None:
     if resume is None:
         return None
     if resume == "latest":
-        good, skipped = scan(run_dir)
+        off, good, skipped = _scan(run_dir, content=False)
+        for path in off:
+            log.info("checkpoint.resume=latest: not %s: off the line of training going on (an abandoned line, or a "
+                     "previous run's)", path)
         chosen = None
         for path in reversed(good):
             if problems := verify(path, content=True):

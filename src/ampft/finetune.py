@@ -200,6 +200,9 @@ def build(cfg: DictConfig, run_dir: Path) -> tuple[Training, PreTrainedTokenizer
         log.info("resumed from %s at step %d (epoch %d, batch %d)", resume, state.step, state.epoch,
                  state.batch_in_epoch)
 
+    run_id = run_identity(accelerator, resume)
+    if accelerator.is_main_process:  # with the history trimmed below: this run's line is the one going on
+        checkpointing.mark_line(run_dir, resume, run_id)
     tracker = Tracker(accelerator, run_dir, cfg.logging.name.value, cfg.logging.project,
                       flat(to_plain(cfg)), max_steps, tr.progress_bar, history_until=state.step)
     # Under torch.compile, evaluation runs the eager module: the compiled graphs are the training step's
@@ -209,7 +212,7 @@ def build(cfg: DictConfig, run_dir: Path) -> tuple[Training, PreTrainedTokenizer
         accelerator=accelerator, model=model, optimizer=optimizer, scheduler=scheduler, train_dl=train_dl,
         evaluate=lambda: tasks.evaluate(accelerator, eval_model, data, eval_dls, cfg.task, run_dir),
         tracker=tracker, cfg=cfg, family=family, run_dir=run_dir, max_steps=max_steps, state=state, resumed_from=resume,
-        run_id=run_identity(accelerator, resume),
+        run_id=run_id,
     )
     log.info("training: %d optimizer steps (%d per epoch), batch %d x %d processes x %d accumulation",
              max_steps, steps_per_epoch, tr.batch_size, accelerator.num_processes, tr.grad_accum)

@@ -106,7 +106,8 @@ def test_same_size_corruption_resumes_from_the_previous_checkpoint(saved, tmp_pa
     assert "does not match its sha256 checksum" in caplog.text
     assert f"resumed from {run_dir / 'checkpoints' / 'step_2'} at step 2" in caplog.text
     names = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
-    assert names == ["step_2", "step_4", "step_6"]  # no .tmp, no .deleting; the new step_4 replaced the bad one
+    assert names == ["line.json", "step_2", "step_4", "step_6"]  # no .tmp, no .deleting; the new step_4 replaced
+    # the bad one; line.json: where the resume started its line
     assert not verify(run_dir / "checkpoints" / "step_4")
     assert manifest(run_dir / "checkpoints" / "step_4")["parent"]["name"] == "step_2"
 
@@ -177,7 +178,7 @@ def test_kill_at_each_point_of_a_save_then_resume_matches_the_uninterrupted_run(
     assert got == ref  # bit for bit, as if never interrupted
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["eval"] == json.loads((tmp_path / "ref" / "summary.json").read_text())["eval"]
-    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_10", "step_12"]
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["line.json", "step_10", "step_12"]
     replaced = _entries(run_dir, "metrics.replaced.jsonl")  # what the killed runs logged past their checkpoint
     assert replaced and all(e["step"] > 2 for e in replaced)
 
@@ -222,6 +223,51 @@ def test_resume_from_an_earlier_step_then_preemption_keeps_the_new_line(saved, t
                         "checkpoint.resume=latest"), run_dir)
     assert summary["steps"] == 8
     assert [p.name for p in checkpoints(run_dir)] == ["step_6", "step_8"]
+
+
+def test_a_line_started_by_a_resume_goes_on_before_its_first_save(saved, tmp_path):
+    """The marker a resume writes when it starts decides the line going on until its first save; its first
+    save then continues from it (seq past the marker's)."""
+    run_dir = _copy(saved, tmp_path)
+    step_2, step_4 = run_dir / "checkpoints" / "step_2", run_dir / "checkpoints" / "step_4"
+    checkpointing.mark_line(run_dir, step_2, "r1")
+    assert checkpoints(run_dir) == [step_4, step_2] and resolve_resume(run_dir, "latest") == step_2
+    marker = json.loads((run_dir / "checkpoints" / "line.json").read_text())
+    assert marker["seq"] > manifest(step_4)["seq"] and marker["parent"]["name"] == "step_2"
+    checkpointing.mark_line(run_dir, None, "r2")  # a new run in the reused folder: nothing to resume yet
+    assert resolve_resume(run_dir, "latest") is None
+
+
+@pytest.mark.slow
+def test_a_crash_before_the_first_save_of_a_new_line_resumes_that_line(tmp_path, monkeypatch):
+    """A run to step 10 (checkpoints 4 and 8), resumed from step_4 on another line (max_steps=12: another
+    schedule), crashes at step 6, before that line's first save. The line going on is the one that resume
+    started: `latest` is step_4, not the abandoned line's step_8, and finishing it gives exactly the losses of
+    that line run without a crash, one history in metrics.jsonl."""
+    args = ["checkpoint.every=4", "checkpoint.keep_last=5", "trainer.log_every=1"]
+    run_dir, ref = tmp_path / "run", tmp_path / "ref"
+    run(_tiny("trainer.max_steps=10", *args), run_dir)
+    shutil.copytree(run_dir, ref)
+    run(_tiny("trainer.max_steps=12", *args, f"checkpoint.resume={ref / 'checkpoints' / 'step_4'}"), ref)
+
+    real = Tracker.log
+
+    def log(self, event, step, values):
+        real(self, event, step, values)
+        if event == "train" and step == 6:
+            raise RuntimeError("simulated crash")
+
+    monkeypatch.setattr(Tracker, "log", log)
+    step_4 = run_dir / "checkpoints" / "step_4"
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        run(_tiny("trainer.max_steps=12", *args, f"checkpoint.resume={step_4}"), run_dir)
+    monkeypatch.undo()
+    assert [p.name for p in checkpoints(run_dir)] == ["step_8", "step_4"]  # step_8: off the line going on
+    assert resolve_resume(run_dir, "latest") == step_4
+    summary = run(_tiny("trainer.max_steps=12", *args, "checkpoint.resume=latest"), run_dir)
+    assert summary["steps"] == 12
+    assert _losses(run_dir) == _losses(ref)
+    assert summary["eval"] == json.loads((ref / "summary.json").read_text())["eval"]
 
 
 def test_preemption_on_a_checkpoint_step_saves_it_once(tmp_path, monkeypatch):
