@@ -6,9 +6,14 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
+import fcntl
 import functools
+import json
 import logging
 import math
+import os
+import socket
 import time
 import uuid
 from pathlib import Path
@@ -106,8 +111,9 @@ def run(cfg: DictConfig, run_dir: Path, started: float | None = None) -> dict[st
     tasks.check_installed(cfg.task.metrics)  # a missing optional library is said now, not after training
     if torch.cuda.is_available():  # this run's peak, not an earlier run's in the same process (multirun)
         torch.cuda.reset_peak_memory_stats()
+    held = contextlib.ExitStack()  # the run dir's lock, released when the run ends however it ends
     try:
-        training, tokenizer, ran_precision = build(cfg, run_dir)
+        training, tokenizer, ran_precision = build(cfg, run_dir, held)
         end_process_group_at_exit()
         setup_seconds = time.perf_counter() - started  # to the first training step: model, data, cache
         try:
@@ -129,6 +135,7 @@ def run(cfg: DictConfig, run_dir: Path, started: float | None = None) -> dict[st
             print(format_summary(summary), flush=True)
         return summary
     finally:
+        held.close()
         reset_accelerate()
 
 
@@ -150,18 +157,22 @@ def reset_accelerate() -> None:
     GradientState._reset_state()
 
 
-def build(cfg: DictConfig, run_dir: Path) -> tuple[Training, PreTrainedTokenizerBase, str]:
-    """Everything the loop needs, after validation; resumed from a checkpoint if asked."""
+def build(cfg: DictConfig, run_dir: Path,
+          held: contextlib.ExitStack | None = None) -> tuple[Training, PreTrainedTokenizerBase, str]:
+    """Everything the loop needs, after validation; resumed from a checkpoint if asked. `held`: take the run
+    dir's lock into it (a training run, `run`; the speed benchmark and tests that only build do not)."""
     for warning in validate(cfg):
         log.warning(warning)
+    set_seed(cfg.trainer.seed)
+    accelerator = make_accelerator(cfg, run_dir)
+    distributed.check_world(accelerator)
+    if held is not None:  # before anything reads the folder: another run may be saving or rotating there
+        held.enter_context(hold_run_dir(accelerator, run_dir))
     # Before anything is written, on every rank (they see the same folder): resume target and run dir.
     resume = checkpointing.resolve_resume(run_dir, cfg.checkpoint.resume)
     if resume is not None:
         checkpointing.check_config(resume, to_plain(cfg), cfg.checkpoint.allow_config_change)
     check_run_dir(run_dir, cfg, resume)
-    set_seed(cfg.trainer.seed)
-    accelerator = make_accelerator(cfg, run_dir)
-    distributed.check_world(accelerator)
     ran_precision = precision.setup(accelerator, cfg.precision)
     accelerator.wait_for_everyone()  # every rank has checked the run dir before the main process writes
     if accelerator.is_main_process:
@@ -231,13 +242,125 @@ def run_identity(accelerator: Accelerator, resume: Path | None) -> str:
     return drawn[0]
 
 
-# What a run leaves in its run dir (Hydra's own .hydra/ and <job>.log aside).
+LOCK = "run.lock"  # <run dir>/run.lock: held (flock) by the run training there
+
+
+def _process_start(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (Linux), to tell a pid reused by another process."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _gone(holder: dict) -> bool:
+    """A lock's holder is known to be gone: on this host, and its pid is not running (or is another process)."""
+    if holder.get("host") != socket.gethostname() or not isinstance(holder.get("pid"), int):
+        return False
+    try:
+        os.kill(holder["pid"], 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, another user's
+        return False
+    started = _process_start(holder["pid"])
+    return started is not None and holder.get("started") is not None and started != holder["started"]
+
+
+def _lock(path: Path) -> tuple[int | None, dict | None]:
+    """(an fd holding `path`'s lock, None) or (None, the holder's record). The kernel's flock is the lock, so a
+    killed run's lock is free again; where the filesystem has no locks, the record's pid and host decide."""
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read_lock(fd)
+            os.close(fd)
+            return None, holder or {}
+        except OSError as exc:  # no locks on this filesystem (ENOLCK, EOPNOTSUPP, ...): the record decides
+            holder = _read_lock(fd)
+            if holder and holder.get("pid") != os.getpid() and not _gone(holder):
+                os.close(fd)
+                return None, holder
+            log.warning("%s: the filesystem does not lock files (%s): relying on the pid and host in it", path, exc)
+        if os.path.exists(path) and os.stat(path).st_ino == os.fstat(fd).st_ino:
+            break
+        os.close(fd)  # released and removed by its holder between our open and flock: take the new file
+    previous = _read_lock(fd)
+    if previous and previous.get("pid") != os.getpid():
+        log.warning("%s: taking over the lock of a run that is gone (pid %s on %s)", path, previous.get("pid"),
+                    previous.get("host"))
+    me = {"pid": os.getpid(), "host": socket.gethostname(), "started": _process_start(os.getpid()),
+          "since": time.strftime("%Y-%m-%d %H:%M:%S")}
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, json.dumps(me).encode(), 0)
+    os.fsync(fd)
+    return fd, None
+
+
+def _read_lock(fd: int) -> dict | None:
+    try:
+        body = json.loads(os.pread(fd, 4096, 0) or b"null")
+        return body if isinstance(body, dict) else None
+    except ValueError:
+        return None
+
+
+@contextlib.contextmanager
+def hold_run_dir(accelerator: Accelerator, run_dir: Path):
+    """Hold the run dir for this run (new runs and resumes alike): the main process locks <run dir>/run.lock and
+    every rank learns whether it did before any reads the folder. Two runs in one folder would mix their
+    checkpoints and metrics; the second is refused, naming the first. Released (and the file removed) when
+    the run ends; a run killed with -9 leaves a file whose lock the kernel has already released."""
+    path, fd, holder = Path(run_dir) / LOCK, None, None
+    if accelerator.is_main_process:
+        Path(run_dir).mkdir(parents=True, exist_ok=True)
+        fd, holder = _lock(path)
+    verdict = [holder]
+    if accelerator.num_processes > 1:
+        broadcast_object_list(verdict)
+    if verdict[0] is not None:
+        h = verdict[0]
+        raise ConfigError([
+            f"hydra.run.dir={run_dir} is in use by another run (pid {h.get('pid', '?')} on {h.get('host', '?')}, "
+            f"since {h.get('since', '?')}; lock {path}): two runs in one folder would mix their checkpoints and "
+            "metrics. Wait for it to end (then resume it with checkpoint.resume=latest), or leave hydra.run.dir "
+            "unset for a new folder"])
+    try:
+        yield
+    finally:
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                    path.unlink()
+            os.close(fd)
+
+
+# What a run leaves in its run dir (Hydra's own .hydra/ and <job>.log aside); those of them that show it trained.
 RUN_ARTIFACTS = ("config.yaml", "metrics.jsonl", "summary.json", "checkpoints", "model", "tokenizer")
 
 
+def _trained(run_dir: Path) -> list[str]:
+    """What in the folder shows that a run trained there (a run that failed before its first step, e.g. while
+    loading its model, leaves only config.yaml and tokenizer/: nothing to lose)."""
+    found = []
+    if (run_dir / "metrics.jsonl").is_file() and (run_dir / "metrics.jsonl").stat().st_size:
+        found.append("metrics.jsonl")
+    found += [n for n in ("summary.json", "model") if (run_dir / n).exists()]
+    if any((run_dir / "checkpoints").glob("step_*")):
+        found.append("checkpoints")
+    return found
+
+
 def check_run_dir(run_dir: Path, cfg: DictConfig, resume: Path | None) -> None:
-    """A new run never mixes with a previous one in the same folder, unless asked to."""
+    """A new run never mixes with a previous one in the same folder, unless asked to; a folder whose run never
+    trained is taken over."""
     found = [n for n in RUN_ARTIFACTS if (run_dir / n).exists()]
+    if found and not _trained(run_dir) and resume is None:
+        log.info("hydra.run.dir=%s holds only %s of a run that never trained: this run takes it over", run_dir,
+                 ", ".join(found))
+        found = []
     if cfg.checkpoint.resume == "latest" and resume is None:
         log.warning("checkpoint.resume=latest: no checkpoint in %s, so this run STARTS AFRESH from step 0%s",
                     run_dir, "" if found else " (a new run dir: to resume an earlier run, pass hydra.run.dir=<its "
