@@ -38,6 +38,7 @@ from omegaconf import OmegaConf
 
 from ampft import files
 from ampft.config import flat
+from ampft.data.load import file_digest
 from ampft.errors import CheckpointError
 
 log = logging.getLogger(__name__)
@@ -57,12 +58,32 @@ EXACTNESS_KEYS = ("model.", "task.", "precision.", "optim.", "scheduler.", "trai
                   "trainer.grad_accum", "trainer.max_grad_norm", "trainer.group_by_length", "trainer.length_group_size",
                   "trainer.length_chunks", "trainer.length_chunk_cost",
                   "trainer.padding", "trainer.pad_to_multiple_of", "trainer.compile", "trainer.epochs")
+# Changes a resume cannot apply, refused even with checkpoint.allow_config_change (key prefix: why).
+NOT_ON_RESUME = {
+    "trainer.seed": "a resume goes on with the checkpoint's random states (dropout masks, data order); a seed only "
+                    "starts a run: start a new run for another seed",
+}
+DEEPSPEED_SCALER = ("precision.init_scale", "precision.growth_factor", "precision.backoff_factor",
+                    "precision.growth_interval", "precision.hysteresis", "precision.static_scale")
 HARMLESS_KEYS = ("task.max_eval_samples", "task.validation_file", "task.validation_split", "task.positive_label",
                  "precision.max_loss_ratio")
 
 
 def _step(path: Path) -> int:
     return int(STEP_DIR.match(path.name).group(1))
+
+
+def data_digests(config: dict[str, Any]) -> dict[str, str | None]:
+    """The content digest of the training data read from a local file (`ampft.data.load.file_digest`, what its
+    tokenization cache is keyed by), by config key: a resume checks it trains on the same data. None: the
+    file cannot be read now."""
+    path = config["task"].get("train_file")
+    if path is None:
+        return {}
+    try:
+        return {"task.train_file": file_digest(path)}
+    except OSError:
+        return {"task.train_file": None}
 
 
 def config_hash(config: dict[str, Any]) -> str:
@@ -336,6 +357,7 @@ def save(accelerator: Accelerator, run_dir: Path, step: int, info: dict[str, Any
                 lineage = {"name": Path(parent).name, "seq": manifest(parent).get("seq", 0)}
             body = {"step": step, **info, "config_hash": config_hash(config), "created": time.time(),
                     "seq": _next_seq(root), "parent": lineage, "run_id": run_id, "health": None,
+                    "world_size": accelerator.num_processes, "data": data_digests(config),
                     "files": {n: (tmp / n).stat().st_size for n in names}, HASH: sums}
             write_manifest(tmp, body)  # written last: its presence means complete
     except Exception as exc:
@@ -519,15 +541,42 @@ def breaking_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[str
     return out
 
 
-def check_config(path: Path, current: dict[str, Any], allow: bool) -> None:
+def check_config(path: Path, current: dict[str, Any], allow: bool, world_size: int = 1) -> list[str]:
+    """Refuse (or, allowed, warn about) a resume whose settings break exactness: config keys (EXACTNESS_KEYS),
+    the number of processes (so the global batch) and the training data's content, all as the checkpoint
+    recorded them. Returns the changes that were allowed."""
     saved = OmegaConf.to_container(OmegaConf.load(Path(path) / "config.yaml"))
+    body = manifest(path)
     changes = breaking_changes(saved, current)
+    saved_world = body.get("world_size")
+    if saved_world is not None and saved_world != world_size:
+        def per_update(c: dict, world: int) -> int:
+            return c["trainer"]["batch_size"] * c["trainer"]["grad_accum"] * world
+
+        changes.append(f"processes (world size): {saved_world} -> {world_size}, so the global batch: "
+                       f"{per_update(saved, saved_world)} -> {per_update(current, world_size)} examples per update")
+    now = data_digests(current)
+    for key, digest in (body.get("data") or {}).items():
+        if now.get(key) == digest:  # the same data: a file moved or renamed is not a change
+            changes = [c for c in changes if not c.startswith(f"{key}: ")]
+        elif key in now:
+            changes.append(f"{key}={flat(current).get(key)}: its content is not what the checkpoint trained on "
+                           f"(content digest {digest} -> {now[key]})")
     if not changes:
-        return
+        return []
+    why_not = dict(NOT_ON_RESUME)
+    if str(current["distributed"]["backend"]) == "deepspeed":
+        why_not.update(dict.fromkeys(DEEPSPEED_SCALER, "DeepSpeed restores its fp16 loss scaler from its own "
+                                                      "checkpoint files, whatever the config says"))
+    refused = [f"  - {c}: {why}" for c in changes for key, why in why_not.items() if c.startswith(f"{key}: ")]
+    if refused:
+        raise CheckpointError(f"checkpoint {path}: these changes cannot take effect on a resume, not even with "
+                              "checkpoint.allow_config_change=true:\n" + "\n".join(refused))
     listing = "\n".join(f"  - {c}" for c in changes)
     if allow:
-        log.warning("resuming %s with a changed config (checkpoint.allow_config_change=true):\n%s", path, listing)
-        return
+        log.warning("resuming %s with a changed config (checkpoint.allow_config_change=true); the run goes on with "
+                    "the config as given:\n%s", path, listing)
+        return changes
     raise CheckpointError(
         f"checkpoint {path} was written with a different config; resuming would not continue the same "
         f"run:\n{listing}\nUse the same settings, or pass checkpoint.allow_config_change=true to resume anyway."

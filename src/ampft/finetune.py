@@ -170,8 +170,10 @@ def build(cfg: DictConfig, run_dir: Path,
         held.enter_context(hold_run_dir(accelerator, run_dir))
     # Before anything is written, on every rank (they see the same folder): resume target and run dir.
     resume = checkpointing.resolve_resume(run_dir, cfg.checkpoint.resume)
+    changed = []
     if resume is not None:
-        checkpointing.check_config(resume, to_plain(cfg), cfg.checkpoint.allow_config_change)
+        changed = checkpointing.check_config(resume, to_plain(cfg), cfg.checkpoint.allow_config_change,
+                                             accelerator.num_processes)
     check_run_dir(run_dir, cfg, resume)
     ran_precision = precision.setup(accelerator, cfg.precision)
     accelerator.wait_for_everyone()  # every rank has checked the run dir before the main process writes
@@ -207,7 +209,11 @@ def build(cfg: DictConfig, run_dir: Path,
     state = TrainState()  # checkpointed as JSON by checkpointing.save, not registered with Accelerate
 
     if resume is not None:
+        fresh = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
         state.load_state_dict(checkpointing.load(accelerator, resume, scheduler))
+        if changed:
+            apply_changes(accelerator, optimizer, scheduler, cfg, fresh, changed)
+        continue_epoch(state, resume, cfg, accelerator.num_processes)
         log.info("resumed from %s at step %d (epoch %d, batch %d)", resume, state.step, state.epoch,
                  state.batch_in_epoch)
 
@@ -228,6 +234,59 @@ def build(cfg: DictConfig, run_dir: Path,
     log.info("training: %d optimizer steps (%d per epoch), batch %d x %d processes x %d accumulation",
              max_steps, steps_per_epoch, tr.batch_size, accelerator.num_processes, tr.grad_accum)
     return training, tokenizer, ran_precision
+
+
+def apply_changes(accelerator: Accelerator, optimizer, scheduler, cfg: DictConfig, fresh: list[dict],
+                  changed: list[str]) -> None:
+    """Make an allowed config change (checkpoint.allow_config_change) take effect on resume: loading the
+    checkpoint put back the optimizer's hyper-parameters, the schedule's base learning rate and the fp16 loss
+    scaler's settings as they were. From the config again: every optimizer setting (`fresh`: the param groups
+    as built, before the load), `optim.lr` as the schedule's base (the schedule goes on from it at its step:
+    base lr x the schedule's factor, warmup and shape as configured now) and the loss scaler's settings, its
+    scale reset to `precision.init_scale` (or static_scale) when `changed` says that changed. What the config reads at every step
+    (trainer.max_grad_norm, the divergence limits) needs nothing here; what cannot be applied is refused by
+    `checkpointing.check_config`."""
+    sched = getattr(scheduler, "scheduler", scheduler)  # Accelerate's wrapper, or the bare one (DeepSpeed)
+    for group, built in zip(optimizer.param_groups, fresh, strict=True):
+        group.update({k: v for k, v in built.items() if k not in ("lr", "initial_lr")})
+        group["initial_lr"] = cfg.optim.lr
+    sched.base_lrs = [cfg.optim.lr] * len(optimizer.param_groups)
+    lrs = [base * factor(sched.last_epoch) for base, factor in zip(sched.base_lrs, sched.lr_lambdas, strict=True)]
+    for group, lr in zip(optimizer.param_groups, lrs, strict=True):
+        group["lr"] = lr
+    sched._last_lr = lrs
+    scaler, p = accelerator.scaler, cfg.precision
+    if scaler is not None:
+        scaler.set_growth_factor(p.growth_factor)
+        scaler.set_backoff_factor(p.backoff_factor)
+        scaler.set_growth_interval(p.growth_interval if p.static_scale is None else 2**31 - 1)
+        if any(c.startswith(("precision.init_scale:", "precision.static_scale:")) for c in changed):
+            scale = float(p.init_scale if p.static_scale is None else p.static_scale)
+            if scaler._scale is None:  # GradScaler creates its scale tensor at the first step, from _init_scale
+                scaler._init_scale = scale
+            else:
+                scaler.update(new_scale=scale)
+    log.info("resumed with the config as given: lr %s (schedule step %d), loss scale %s", lrs[0], sched.last_epoch,
+             None if scaler is None else scaler.get_scale())
+
+
+def continue_epoch(state: TrainState, resume: Path, cfg: DictConfig, world_size: int) -> None:
+    """Where to go on in the epoch when the examples per micro-batch step changed (trainer.batch_size x
+    processes; allowed by checkpoint.allow_config_change): skip the examples already trained on, not the same
+    number of batches, which would skip or repeat others. Every rank takes consecutive batches of one order
+    of the epoch's examples, so that count is batches x batch size x processes."""
+    saved = OmegaConf.load(Path(resume) / "config.yaml").trainer.batch_size
+    before = saved * checkpointing.manifest(resume).get("world_size", world_size)
+    now = cfg.trainer.batch_size * world_size
+    if before == now or not state.batch_in_epoch:
+        return
+    consumed = state.batch_in_epoch * before
+    state.batch_in_epoch, again = divmod(consumed, now)
+    log.warning("the epoch goes on after its %d examples already trained on (%d per step before, %d now)%s%s",
+                consumed, before, now,
+                f"; the next {again} of them are trained on again" if again else "",
+                "; with trainer.group_by_length the rest of the epoch is in another order (its length groups are "
+                "of the global batch)" if cfg.trainer.group_by_length else "")
 
 
 def run_identity(accelerator: Accelerator, resume: Path | None) -> str:

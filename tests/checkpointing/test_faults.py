@@ -435,6 +435,43 @@ def test_divergence_never_names_a_checkpoint_whose_own_weights_diverged(tmp_path
         resolve_resume(tmp_path, str(newer[-1]))
 
 
+def test_the_divergence_advice_works_a_new_lr_and_warmup_take_effect_on_resume(tmp_path):
+    """The message recommends resuming the named checkpoint with a lower optim.lr or more warmup and
+    checkpoint.allow_config_change=true: the resumed run must train with them (loading the checkpoint had put
+    back the old schedule). Its learning rates are transformers' schedule with the new base lr and warmup, step
+    for step, and it trains to the end."""
+    import torch
+    from transformers import get_scheduler
+
+    args = ["trainer.max_steps=20", "trainer.log_every=1", "checkpoint.every=2", "scheduler.warmup_steps=8"]
+    with pytest.raises(TrainingDiverged) as err:
+        run(_tiny(*args, "optim.lr=1.0"), tmp_path)
+    named = _named_checkpoint(str(err.value))
+    resumed_at = manifest(named)["step"]
+    summary = run(_tiny(*args, "optim.lr=1e-3", "scheduler.warmup_steps=12", f"checkpoint.resume={named}",
+                        "checkpoint.allow_config_change=true"), tmp_path)
+    assert summary["steps"] == 20
+    schedule = get_scheduler("linear", torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1e-3),
+                             num_warmup_steps=12, num_training_steps=20)
+    expected = {}
+    for step in range(1, 21):  # the lr an update used, logged at its step
+        expected[step] = schedule.get_last_lr()[0]
+        schedule.optimizer.step()
+        schedule.step()
+    logged = {e["step"]: e["lr"] for e in _entries(tmp_path) if e["event"] == "train"}
+    assert sorted(logged) == list(range(1, 21))
+    for step in range(resumed_at + 1, 21):
+        assert logged[step] == pytest.approx(expected[step], rel=1e-12), step
+
+
+def test_a_new_seed_cannot_take_effect_on_resume_and_is_refused(saved, tmp_path):
+    run_dir = _copy(saved, tmp_path)
+    with pytest.raises(CheckpointError, match=r"cannot take effect on a resume, not even with checkpoint.allow_config"
+                                              r"_change=true:\n  - trainer.seed: 42 -> 7: a resume goes on with"):
+        run(_tiny("trainer.max_steps=6", "trainer.seed=7", "checkpoint.resume=latest",
+                  "checkpoint.allow_config_change=true"), run_dir)
+
+
 def test_explosion_before_any_checkpoint_says_there_is_none(tmp_path):
     with pytest.raises(TrainingDiverged, match="No checkpoint of this run is known good to go back to"):
         run(_tiny("optim.lr=1e3", "trainer.max_steps=20", "trainer.log_every=2", "checkpoint.every=0"), tmp_path)
