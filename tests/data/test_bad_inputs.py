@@ -246,6 +246,25 @@ def test_balanced_real_data_gives_no_label_warning(tmp_path, caplog):
     assert caplog.text == ""
 
 
+def test_labels_read_two_ways_are_an_error_unless_task_labels_says_how_they_map(tmp_path):
+    """Train labels are words, validation labels integers: never silently taken as ids into the sorted names
+    (which would flip every validation label here); an error naming both label sets and task.labels, and with
+    task.labels the integers are ids into it."""
+    train = _tsv(tmp_path / "train.tsv", ["sentence\tlabel", "much worse\tworse", "far better\tbetter",
+                                          "worse again\tworse", "better now\tbetter"])
+    dev = _tsv(tmp_path / "dev.tsv", ["sentence\tlabel", "bad\t0", "good\t1", "good too\t1"])
+    with pytest.raises(DataError) as err:
+        family_for("classification").load(_csv_task(train, dev, "task.metrics=[accuracy]"))
+    msg = str(err.value)
+    assert f"task.validation_file={dev}: labels [0, 1] in column 'label' are not the train split's label names " \
+           "['better', 'worse']" in msg
+    assert "task.labels=[better,worse] (then 0 = better, 1 = worse)" in msg
+    raw, labels = family_for("classification").load(_csv_task(train, dev, "task.metrics=[accuracy]",
+                                                              "task.labels=[worse,better]"))
+    assert labels == ["worse", "better"]
+    assert raw["validation"]["labels"] == [0, 1, 1] and raw["train"]["labels"] == [0, 1, 0, 1]
+
+
 @pytest.mark.parametrize(("cell", "what"), [("", "1 empty label(s) in column 'label', row(s) 3"),
                                             ("high", "has non-numbers (or nan/inf) ['high'] in row(s) 3"),
                                             ("nan", "has non-numbers (or nan/inf) ['nan'] in row(s) 3")])
