@@ -433,7 +433,7 @@ class TrainingLoop:
             if not done:  # the epoch ran out before max_steps
                 st.epoch += 1
                 st.batch_in_epoch = 0
-                if not tr.eval_every:
+                if not tr.eval_every and st.eval_step != st.step:  # (evaluated already: a checkpoint's best)
                     self.evaluate()
         self.meters.fold(st)
         if self.window.batches:  # the last, partial logging window

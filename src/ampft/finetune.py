@@ -221,7 +221,8 @@ def build(cfg: DictConfig, run_dir: Path,
     if accelerator.is_main_process:  # with the history trimmed below: this run's line is the one going on
         checkpointing.mark_line(run_dir, resume, run_id)
     tracker = Tracker(accelerator, run_dir, cfg.logging.name.value, cfg.logging.project,
-                      flat(to_plain(cfg)), max_steps, tr.progress_bar, history_until=state.step)
+                      flat(to_plain(cfg)), max_steps, tr.progress_bar, history_until=state.step,
+                      evaluated=state.eval_step == state.step)
     # Under torch.compile, evaluation runs the eager module: the compiled graphs are the training step's
     # (eval mode would compile a second set for a few hundred batches).
     eval_model = model._orig_mod if is_compiled_module(model) else model

@@ -270,6 +270,18 @@ def test_a_crash_before_the_first_save_of_a_new_line_resumes_that_line(tmp_path,
     assert summary["eval"] == json.loads((ref / "summary.json").read_text())["eval"]
 
 
+@pytest.mark.parametrize("best", [[], ["checkpoint.keep_best=1"]])
+def test_resuming_at_an_epoch_end_logs_its_evaluation_once(tmp_path, best):
+    """160 examples, batch 16: 10 steps an epoch. A checkpoint at the epoch's last step, then the evaluation
+    (after the save; with keep_best, before it, at the save): resumed there, the run evaluates that step again
+    only when the checkpoint does not hold the evaluation; either way metrics.jsonl has each evaluation once."""
+    args = ["task.max_train_samples=160", "checkpoint.every=10", "trainer.log_every=5", *best]
+    run(_tiny("trainer.max_steps=10", *args), tmp_path)
+    run(_tiny("trainer.max_steps=20", *args, "checkpoint.resume=latest"), tmp_path)
+    assert [e["step"] for e in _entries(tmp_path) if e["event"] == "eval"] == [10, 20]
+    assert [e["step"] for e in _entries(tmp_path) if e["event"] == "train"] == [5, 10, 15, 20]
+
+
 def test_preemption_on_a_checkpoint_step_saves_it_once(tmp_path, monkeypatch):
     saves = []
     real = checkpointing.save
