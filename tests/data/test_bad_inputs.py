@@ -339,6 +339,61 @@ def test_misaligned_answers_within_the_threshold_are_warned_about(tmp_path, capl
     assert "1 of 3 answered questions" in caplog.text and "['q2']" in caplog.text
 
 
+def test_squad_v1_questions_without_answers_are_counted_not_trained_as_no_answer_silently(tmp_path, caplog):
+    """SQuAD v1.1 has an answer for every question: `answers: []` would train "no answer". Past the threshold a
+    DataError naming the ids and task.version_2; within it a warning; under v2.0 they are its unanswerable
+    questions."""
+    doc = _squad([("q1", "Paris", 0), ("q2", "France", 24), ("q3", "Europe", 45)])
+    doc["data"][0]["paragraphs"][0]["qas"][1]["answers"] = []
+    path = tmp_path / "train.json"
+    path.write_text(json.dumps(doc))
+
+    def task(*overrides):
+        return compose_config("finetune", ["task=squad", f"task.train_file={path}", f"task.validation_file={path}",
+                                           *overrides]).task
+
+    with pytest.raises(DataError) as err:
+        family_for("question_answering").load(task())
+    msg = str(err.value)
+    assert f"task.train_file={path}: 1 of 3 questions have no answer (answers: [], ids ['q2'])" in msg
+    assert "task.version_2=true (task=squad_v2)" in msg and "task.max_misaligned_answers=0.01" in msg
+    with caplog.at_level(logging.WARNING):
+        raw, _ = family_for("question_answering").load(task("task.max_misaligned_answers=0.5"))
+    assert len(raw["train"]) == 3 and "1 of 3 questions have no answer" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        family_for("question_answering").load(task("task.version_2=true", "task.metrics=[squad_v2]"))
+    assert "no answer" not in caplog.text
+
+
+def test_empty_or_missing_texts_are_counted_warned_about_and_an_error_past_the_threshold(tmp_path, caplog):
+    """An empty sentence (or a JSON null) trains as the empty string: named with its rows, a warning within
+    task.max_empty_texts, a DataError past it; a QA question that is only spaces counts too."""
+    rows = [{"sentence": f"sentence {i}", "label": "pos" if i % 2 else "neg"} for i in range(200)]
+    rows[7]["sentence"] = None
+    train = tmp_path / "train.jsonl"
+    train.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    dev = _tsv(tmp_path / "dev.tsv", [*GOOD, " \tpos"])
+    with caplog.at_level(logging.WARNING):
+        with pytest.raises(DataError) as err:  # dev: 1 of 5 rows, past 0.01
+            load_raw(_csv_task(train, dev))
+    assert f"task.train_file={train}: 1 of 200 rows have an empty or missing text in text field(s) ['sentence'], " \
+           "row(s) 8; they would be trained and evaluated as the empty string (within task.max_empty_texts=0.01)" \
+           in caplog.text
+    assert f"task.validation_file={dev}: 1 of 5 rows have an empty or missing text" in str(err.value)
+    assert "row(s) 5 (file line = row + 1, after the header)" in str(err.value)
+    assert "task.max_empty_texts=0.01" in str(err.value)
+    assert len(load_raw(_csv_task(train, dev, "task.max_empty_texts=0.25"))["validation"]) == 5
+    doc = _squad([("q1", "Paris", 0), ("q2", "Europe", 45)])
+    doc["data"][0]["paragraphs"][0]["qas"][1]["question"] = "   "
+    path = tmp_path / "squad.json"
+    path.write_text(json.dumps(doc))
+    squad = compose_config("finetune", ["task=squad", f"task.train_file={path}", f"task.validation_file={path}"]).task
+    with pytest.raises(DataError, match=r"1 of 2 rows have an empty or missing text in question or context \(ids "
+                                        r"\['q2'\]\)"):
+        family_for("question_answering").load(squad)
+
+
 def test_official_squad_dev_subset_has_no_misaligned_answers(caplog):
     path = shared("squad") / "expmrc-squad-dev.json"
     task = compose_config("finetune", ["task=squad", f"task.train_file={path}", f"task.validation_file={path}",

@@ -13,7 +13,7 @@ from pathlib import Path
 from datasets import ClassLabel, DatasetDict
 from omegaconf import DictConfig
 
-from ampft.data.load import DataError, extra_split_names, load_file, load_splits, split_key
+from ampft.data.load import DataError, check_empty_texts, extra_split_names, load_file, load_splits, split_key
 
 log = logging.getLogger(__name__)
 
@@ -24,6 +24,11 @@ def load_raw(task: DictConfig) -> DatasetDict:
     raw = load_splits(task, lambda path, split: load_file(path, split, names))
     _check_columns(raw, task)
     check_labels(raw, task)
+    for split, ds in raw.items():
+        empty = [i for i, row in enumerate(zip(*(ds[f] for f in task.text_fields), strict=True))
+                 if any(_is_blank(t) for t in row)]
+        check_empty_texts(empty, len(ds), task, _where(task, split),
+                          f"text field(s) {list(task.text_fields)}, {_rows(task, split, empty)}")
     return raw
 
 
