@@ -3,16 +3,23 @@
 A checkpoint is `accelerator.save_state` (model, optimizer, scheduler, loss scaler, RNG states of every
 rank) plus the training state as `train_state.json`, the resolved `config.yaml` and the model's
 `config.json`, written into `checkpoints/step_<N>.tmp`, fsynced, and renamed to `checkpoints/step_<N>`
-only once complete, with a `manifest.json` (step, epoch, loss, metric, config hash, lineage, every file
-with its size and SHA-256) written last. A crash during a save therefore never leaves a half-written
-`step_<N>`; a checkpoint whose files differ from its manifest in any byte is never loaded, and `latest`
-falls back to the previous one, saying which ones it skipped and why.
+only once complete, with a `manifest.json` (step, epoch, loss, metric, config hash, lineage, run id, world
+size, the training data's digest, every file with its size and SHA-256, sealed by a checksum of its own)
+written last. A crash during a save therefore never leaves a half-written `step_<N>`; a checkpoint whose
+files (or manifest) differ from what was saved in any byte is never loaded, and `latest` falls back to the
+previous one, saying which ones it skipped and why.
 
 Order: every manifest has `seq` (one more than the highest in the run dir when it was written) and
 `parent` (the checkpoint this line of training came from: the previous save of the run, or the one it
-resumed from). The line going on is the chain of parents from the newest save; checkpoints off it (an
-abandoned line after a resume from an earlier step, or a previous run in a reused folder) rank before all
-of it, oldest first. `latest` takes the newest of that order, and rotation deletes from its front.
+resumed from); a run starting in a folder with checkpoints records where its line starts
+(`checkpoints/line.json`, `mark_line`). The line going on is the chain of parents from the newest of the
+saves and that marker; checkpoints off it (an abandoned line after a resume from an earlier step, or a
+previous run in a reused folder) rank before all of it, oldest first. `latest` takes the newest of the line
+that verifies, and rotation deletes from the front of that order.
+
+Health: a checkpoint's weights are judged by the losses of the first update trained from them
+(`record_health`, by `ampft.engine.Guard`); a diverged one is never `latest`, never best, and rotation keeps
+the newest known-good one.
 """
 
 from __future__ import annotations

@@ -239,35 +239,31 @@ def test_a_line_started_by_a_resume_goes_on_before_its_first_save(saved, tmp_pat
 
 
 @pytest.mark.slow
-def test_a_crash_before_the_first_save_of_a_new_line_resumes_that_line(tmp_path, monkeypatch):
+def test_a_kill_before_the_first_save_of_a_new_line_resumes_that_line(tmp_path):
     """A run to step 10 (checkpoints 4 and 8), resumed from step_4 on another line (max_steps=12: another
-    schedule), crashes at step 6, before that line's first save. The line going on is the one that resume
-    started: `latest` is step_4, not the abandoned line's step_8, and finishing it gives exactly the losses of
-    that line run without a crash, one history in metrics.jsonl."""
-    args = ["checkpoint.every=4", "checkpoint.keep_last=5", "trainer.log_every=1"]
+    schedule), killed with -9 at step 6, before that line's first save. The line going on is the one that
+    resume started: `latest` is step_4, not the abandoned line's step_8, and finishing it gives exactly the
+    losses of that line run without a kill, one history in metrics.jsonl (the killed run's lock is taken over)."""
+    args = [*TINY, "checkpoint.every=4", "checkpoint.keep_last=5", "trainer.log_every=1"]
     run_dir, ref = tmp_path / "run", tmp_path / "ref"
-    run(_tiny("trainer.max_steps=10", *args), run_dir)
+    first = _recipe(run_dir, *args, "trainer.max_steps=10")
+    assert first.wait() == 0, first.stdout.read()[-3000:]
     shutil.copytree(run_dir, ref)
-    run(_tiny("trainer.max_steps=12", *args, f"checkpoint.resume={ref / 'checkpoints' / 'step_4'}"), ref)
-
-    real = Tracker.log
-
-    def log(self, event, step, values):
-        real(self, event, step, values)
-        if event == "train" and step == 6:
-            raise RuntimeError("simulated crash")
-
-    monkeypatch.setattr(Tracker, "log", log)
+    reference = _recipe(ref, *args, "trainer.max_steps=12", f"checkpoint.resume={ref / 'checkpoints' / 'step_4'}")
     step_4 = run_dir / "checkpoints" / "step_4"
-    with pytest.raises(RuntimeError, match="simulated crash"):
-        run(_tiny("trainer.max_steps=12", *args, f"checkpoint.resume={step_4}"), run_dir)
-    monkeypatch.undo()
+    killed = _recipe(run_dir, *args, "trainer.max_steps=12", f"checkpoint.resume={step_4}", killer="step:6")
+    out, _ = killed.communicate()
+    assert killed.returncode == -signal.SIGKILL, out[-3000:]
     assert [p.name for p in checkpoints(run_dir)] == ["step_8", "step_4"]  # step_8: off the line going on
     assert resolve_resume(run_dir, "latest") == step_4
-    summary = run(_tiny("trainer.max_steps=12", *args, "checkpoint.resume=latest"), run_dir)
-    assert summary["steps"] == 12
+    resumed = _recipe(run_dir, *args, "trainer.max_steps=12", "checkpoint.resume=latest")
+    out, _ = resumed.communicate()
+    assert resumed.returncode == 0, out[-3000:]
+    assert f"resumed from {step_4} at step 4" in out and "taking over the lock of a run that is gone" in out
+    ref_out, _ = reference.communicate()
+    assert reference.returncode == 0, ref_out[-3000:]
     assert _losses(run_dir) == _losses(ref)
-    assert summary["eval"] == json.loads((ref / "summary.json").read_text())["eval"]
+    assert json.loads((run_dir / "summary.json").read_text())["eval"] == json.loads((ref / "summary.json").read_text())["eval"]
 
 
 @pytest.mark.parametrize("best", [[], ["checkpoint.keep_best=1"]])
