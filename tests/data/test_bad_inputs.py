@@ -374,9 +374,8 @@ def test_empty_or_missing_texts_are_counted_warned_about_and_an_error_past_the_t
     train = tmp_path / "train.jsonl"
     train.write_text("".join(json.dumps(r) + "\n" for r in rows))
     dev = _tsv(tmp_path / "dev.tsv", [*GOOD, " \tpos"])
-    with caplog.at_level(logging.WARNING):
-        with pytest.raises(DataError) as err:  # dev: 1 of 5 rows, past 0.01
-            load_raw(_csv_task(train, dev))
+    with caplog.at_level(logging.WARNING), pytest.raises(DataError) as err:  # dev: 1 of 5 rows, past 0.01
+        load_raw(_csv_task(train, dev))
     assert f"task.train_file={train}: 1 of 200 rows have an empty or missing text in text field(s) ['sentence'], " \
            "row(s) 8; they would be trained and evaluated as the empty string (within task.max_empty_texts=0.01)" \
            in caplog.text
