@@ -214,8 +214,9 @@ class Guard:
     newest checkpoint known good, never one whose weights were not seen.
     """
 
-    def __init__(self, acc: Accelerator, p: DictConfig, st: TrainState | None = None):
+    def __init__(self, acc: Accelerator, p: DictConfig, st: TrainState | None = None, run_dir: Path | None = None):
         self.acc, self.p, self.st = acc, p, st
+        self.own = None if run_dir is None else (Path(run_dir) / "checkpoints").resolve()  # verdicts written here
         self.window_sum = torch.zeros((), device=acc.device)
         self.window_n = 0
         self.first: torch.Tensor | None = None
@@ -229,6 +230,7 @@ class Guard:
             self.history.append((0, self.scale))
         self.pending: Path | None = None  # the newest checkpoint, its own weights not judged yet
         self.good: Path | None = None  # the newest checkpoint of this line known good
+        self.good_health: dict = {}  # its verdict: the loss its weights produced, and in which step
         self.probe_sum = torch.zeros((), device=acc.device)  # losses computed with the pending checkpoint's weights
         self.probe_n = 0
 
@@ -237,11 +239,13 @@ class Guard:
         if checkpoint is None:
             return
         if checkpointing.healthy(checkpoint):
-            self.good, self.pending = checkpoint, None
+            self.pending = None
+            self.good, self.good_health = checkpoint, checkpointing.manifest(checkpoint)["health"]
         else:
             self.pending = checkpoint
             if self.good is None:  # a resume: the newest known good among its ancestors
                 self.good = checkpointing.known_good(checkpoint)
+                self.good_health = {} if self.good is None else checkpointing.manifest(self.good)["health"]
         self.reset_probe()
 
     def reset_probe(self) -> None:
@@ -280,9 +284,16 @@ class Guard:
         why = self.exploded(loss)
         if why is not None:
             self.fail(step, f"{why} in the first update trained from checkpoint {self.pending.name}", loss)
-        if self.acc.is_main_process:
-            checkpointing.record_health(self.pending, True, loss, step)
-        self.good, self.pending = self.pending, None
+        self.record(True, loss, step)
+        self.good, self.pending, self.good_health = self.pending, None, {"loss": loss, "step": step}
+
+    def record(self, ok: bool, loss: float | None, step: int, why: str | None = None) -> bool:
+        """The pending checkpoint's verdict into its manifest, by the main process; only into one of this run
+        dir's (a resume from another run's checkpoint does not write into that run). True: recorded."""
+        ours = self.own is not None and self.pending.parent.resolve() == self.own
+        if ours and self.acc.is_main_process:
+            checkpointing.record_health(self.pending, ok, loss, step, why)
+        return ours
 
     def check_loss(self, step: int) -> None:
         """The window since the last call against the initial loss (one host sync; at logging points and
@@ -324,18 +335,17 @@ class Guard:
         history = ", ".join(f"step {s}: {v:g}" for s, v in self.history) or "n/a (no loss scaling)"
         written = "No checkpoint was written from these weights."
         if self.pending is not None:  # its weights produced (some of) the losses that failed
-            if self.acc.is_main_process:
-                checkpointing.record_health(self.pending, False, loss, step, what)
+            marked = ("it is marked diverged, and checkpoint.resume=latest skips it" if self.record(False, loss, step, what)
+                      else "do not resume from it")
             written = (f"Checkpoint {self.pending} holds the weights that produced these losses (it was written "
-                       "before they were seen): it is marked diverged, and checkpoint.resume=latest skips it.")
+                       f"before they were seen): {marked}.")
             self.pending = None
         good = self.good if self.good is not None and self.good.is_dir() else None
         if good is not None:
-            m = checkpointing.manifest(good)
-            h = m.get("health") or {}
-            kept = (f"The newest checkpoint known good is {good} (step {m['step']}: the loss its weights produced in "
-                    f"step {h.get('step')}, {h.get('loss', float('nan')):.4g}, passed these checks); resume from it "
-                    f"with a fix: checkpoint.resume={good} checkpoint.allow_config_change=true.")
+            h = self.good_health
+            kept = (f"The newest checkpoint known good is {good} (step {checkpointing.manifest(good)['step']}: the loss "
+                    f"its weights produced in step {h.get('step')}, {h.get('loss', float('nan')):.4g}, passed these "
+                    f"checks); resume from it with a fix: checkpoint.resume={good} checkpoint.allow_config_change=true.")
         else:
             kept = "No checkpoint of this run is known good to go back to."
         raise TrainingDiverged(
@@ -408,7 +418,7 @@ class TrainingLoop:
         self.meters = Meters(acc)
         self.window = LossWindow(acc)
         self.last_checkpoint = training.resumed_from  # the newest checkpoint of this line: saved, or resumed from
-        self.guard = Guard(acc, training.cfg.precision, self.state)
+        self.guard = Guard(acc, training.cfg.precision, self.state, training.run_dir)
         self.guard.track(training.resumed_from)
         minutes = training.cfg.trainer.max_minutes
         self.deadline = None if minutes is None else time.monotonic() + 60 * minutes

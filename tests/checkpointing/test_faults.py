@@ -480,6 +480,16 @@ def test_a_new_seed_cannot_take_effect_on_resume_and_is_refused(saved, tmp_path)
                   "checkpoint.allow_config_change=true"), run_dir)
 
 
+def test_a_resume_from_another_run_dirs_checkpoint_writes_nothing_into_it(saved, tmp_path):
+    """The health verdict on the checkpoint resumed from is recorded only in this run dir's checkpoints: another
+    run's folder is not this run's to write."""
+    ckpt = saved / "checkpoints" / "step_4"
+    before = (ckpt / "manifest.json").read_bytes()
+    summary = run(_tiny("trainer.max_steps=6", f"checkpoint.resume={ckpt}", "checkpoint.export=false"),
+                  tmp_path / "other")
+    assert summary["steps"] == 6 and (ckpt / "manifest.json").read_bytes() == before
+
+
 def test_explosion_before_any_checkpoint_says_there_is_none(tmp_path):
     with pytest.raises(TrainingDiverged, match="No checkpoint of this run is known good to go back to"):
         run(_tiny("optim.lr=1e3", "trainer.max_steps=20", "trainer.log_every=2", "checkpoint.every=0"), tmp_path)
