@@ -3,16 +3,23 @@
 A checkpoint is `accelerator.save_state` (model, optimizer, scheduler, loss scaler, RNG states of every
 rank) plus the training state as `train_state.json`, the resolved `config.yaml` and the model's
 `config.json`, written into `checkpoints/step_<N>.tmp`, fsynced, and renamed to `checkpoints/step_<N>`
-only once complete, with a `manifest.json` (step, epoch, loss, metric, config hash, lineage, every file
-with its size and SHA-256) written last. A crash during a save therefore never leaves a half-written
-`step_<N>`; a checkpoint whose files differ from its manifest in any byte is never loaded, and `latest`
-falls back to the previous one, saying which ones it skipped and why.
+only once complete, with a `manifest.json` (step, epoch, loss, metric, config hash, lineage, run id, world
+size, the training data's digest, every file with its size and SHA-256, sealed by a checksum of its own)
+written last. A crash during a save therefore never leaves a half-written `step_<N>`; a checkpoint whose
+files (or manifest) differ from what was saved in any byte is never loaded, and `latest` falls back to the
+previous one, saying which ones it skipped and why.
 
 Order: every manifest has `seq` (one more than the highest in the run dir when it was written) and
 `parent` (the checkpoint this line of training came from: the previous save of the run, or the one it
-resumed from). The line going on is the chain of parents from the newest save; checkpoints off it (an
-abandoned line after a resume from an earlier step, or a previous run in a reused folder) rank before all
-of it, oldest first. `latest` takes the newest of that order, and rotation deletes from its front.
+resumed from); a run starting in a folder with checkpoints records where its line starts
+(`checkpoints/line.json`, `mark_line`). The line going on is the chain of parents from the newest of the
+saves and that marker; checkpoints off it (an abandoned line after a resume from an earlier step, or a
+previous run in a reused folder) rank before all of it, oldest first. `latest` takes the newest of the line
+that verifies, and rotation deletes from the front of that order.
+
+Health: a checkpoint's weights are judged by the losses of the first update trained from them
+(`record_health`, by `ampft.engine.Guard`); a diverged one is never `latest`, never best, and rotation keeps
+the newest known-good one.
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ from omegaconf import OmegaConf
 
 from ampft import files
 from ampft.config import flat
+from ampft.data.load import file_digest
 from ampft.errors import CheckpointError
 
 log = logging.getLogger(__name__)
@@ -46,6 +54,8 @@ MANIFEST = "manifest.json"
 TRAIN_STATE = "train_state.json"
 SCHEDULER = "scheduler.json"  # the LR scheduler, where Accelerate's save_state leaves it out (DeepSpeed)
 HASH = "sha256"  # the manifest's key for the checksums (ampft.files.sha256)
+LINE = "line.json"  # checkpoints/line.json: where the line of training going on started (`mark_line`)
+SEAL = "manifest_sha256"  # the manifest's checksum of its own other keys (an edited `seq` or `parent` shows)
 PICKLE = re.compile(r"^custom_checkpoint_\d+\.pkl$")  # Accelerate's custom state: unpickled with weights_only=False
 
 # Config keys whose change breaks an exact resume (prefixes). Everything else (logging, evaluation
@@ -55,12 +65,32 @@ EXACTNESS_KEYS = ("model.", "task.", "precision.", "optim.", "scheduler.", "trai
                   "trainer.grad_accum", "trainer.max_grad_norm", "trainer.group_by_length", "trainer.length_group_size",
                   "trainer.length_chunks", "trainer.length_chunk_cost",
                   "trainer.padding", "trainer.pad_to_multiple_of", "trainer.compile", "trainer.epochs")
+# Changes a resume cannot apply, refused even with checkpoint.allow_config_change (key prefix: why).
+NOT_ON_RESUME = {
+    "trainer.seed": "a resume goes on with the checkpoint's random states (dropout masks, data order); a seed only "
+                    "starts a run: start a new run for another seed",
+}
+DEEPSPEED_SCALER = ("precision.init_scale", "precision.growth_factor", "precision.backoff_factor",
+                    "precision.growth_interval", "precision.hysteresis", "precision.static_scale")
 HARMLESS_KEYS = ("task.max_eval_samples", "task.validation_file", "task.validation_split", "task.positive_label",
                  "precision.max_loss_ratio")
 
 
 def _step(path: Path) -> int:
     return int(STEP_DIR.match(path.name).group(1))
+
+
+def data_digests(config: dict[str, Any]) -> dict[str, str | None]:
+    """The content digest of the training data read from a local file (`ampft.data.load.file_digest`, what its
+    tokenization cache is keyed by), by config key: a resume checks it trains on the same data. None: the
+    file cannot be read now."""
+    path = config["task"].get("train_file")
+    if path is None:
+        return {}
+    try:
+        return {"task.train_file": file_digest(path)}
+    except OSError:
+        return {"task.train_file": None}
 
 
 def config_hash(config: dict[str, Any]) -> str:
@@ -80,10 +110,30 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _seal(body: dict[str, Any]) -> str:
+    """SHA-256 of a manifest's keys other than the seal itself, in a canonical JSON form."""
+    rest = {k: v for k, v in body.items() if k != SEAL}
+    return hashlib.sha256(json.dumps(rest, sort_keys=True).encode()).hexdigest()
+
+
+def write_manifest(folder: Path, body: dict[str, Any]) -> None:
+    """Write (or rewrite) a checkpoint's manifest with its seal, atomically and durably: a crash leaves the old
+    manifest or the new one, never a torn one."""
+    body = {**{k: v for k, v in body.items() if k != SEAL}, SEAL: _seal(body)}
+    tmp = Path(folder) / (MANIFEST + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(json.dumps(body, indent=2))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, Path(folder) / MANIFEST)
+    _fsync_dir(Path(folder))
+
+
 def verify(path: Path, content: bool = True) -> list[str]:
     """What is wrong with a checkpoint folder (empty list: complete and as its manifest says).
 
-    content=False checks presence and sizes only (cheap, for listing); True also every file's checksum."""
+    content=False checks presence and sizes only (cheap, for listing); True also every file's checksum. The
+    manifest's own seal is checked either way (it is one small file)."""
     manifest = path / MANIFEST
     if not manifest.is_file():
         return [f"no {MANIFEST} (an interrupted or foreign save)"]
@@ -92,6 +142,11 @@ def verify(path: Path, content: bool = True) -> list[str]:
         files, sums = body["files"], body.get(HASH)
     except (ValueError, KeyError, TypeError) as exc:
         return [f"unreadable {MANIFEST}: {exc}"]
+    if SEAL not in body:
+        return [f"{MANIFEST} has no {SEAL} (written by an older ampft): its lineage and step cannot be checked"]
+    if body[SEAL] != _seal(body):
+        return [f"{MANIFEST} does not match its own {SEAL} (edited or corrupted after the save): its step, lineage "
+                "and checksums cannot be trusted"]
     problems = []
     for name, size in files.items():
         f = path / name
@@ -101,7 +156,7 @@ def verify(path: Path, content: bool = True) -> list[str]:
             problems.append(f"{name} is {f.stat().st_size} bytes, the manifest says {size}")
     for f in sorted(path.rglob("*")):
         name = str(f.relative_to(path))
-        if f.is_file() and name != MANIFEST and name not in files:
+        if f.is_file() and name not in (MANIFEST, MANIFEST + ".tmp") and name not in files:
             why = "a pickle, which ampft never loads" if PICKLE.match(f.name) else "not in the manifest"
             problems.append(f"unexpected file {name} ({why})")
     if content and not problems:
@@ -114,32 +169,101 @@ def verify(path: Path, content: bool = True) -> list[str]:
     return problems
 
 
-def _order(good: list[Path]) -> list[Path]:
-    """Oldest first; the last is the newest save of the line going on (see the module docstring)."""
+def _lines(good: list[Path], start: dict[str, Any] | None = None) -> tuple[list[Path], list[Path]]:
+    """(checkpoints off the line going on, oldest first; the line going on, from its start to its newest save).
+
+    `start`: the run dir's line marker (`mark_line`). When it is newer than every save, a run started from its
+    `parent` after them (and has not saved yet): the line going on ends at that parent."""
     info = {p: manifest(p) for p in good}
     by_seq = sorted(good, key=lambda p: (info[p].get("seq", 0), info[p].get("created", 0), _step(p)))
     if not by_seq:
-        return []
+        return [], []
     names = {p.name: p for p in good}
-    line = [by_seq[-1]]
-    while (parent := info[line[-1]].get("parent")) and (p := names.get(parent.get("name"))) is not None \
-            and info[p].get("seq") == parent.get("seq") and p not in line:
+    if start is not None and start.get("seq", 0) > info[by_seq[-1]].get("seq", 0):
+        line, parent = [], start.get("parent")
+    else:
+        line, parent = [by_seq[-1]], info[by_seq[-1]].get("parent")
+    while parent and (p := names.get(parent.get("name"))) is not None and info[p].get("seq") == parent.get("seq") \
+            and p not in line:
         line.append(p)
-    return [p for p in by_seq if p not in line] + line[::-1]
+        parent = info[p].get("parent")
+    return [p for p in by_seq if p not in line], line[::-1]
+
+
+def _line_start(root: Path) -> dict[str, Any] | None:
+    """The line marker of `root` (checkpoints/), or None (none, or unreadable: then the newest save decides)."""
+    path = root / LINE
+    if not path.is_file():
+        return None
+    try:
+        body = json.loads(path.read_text())
+        if isinstance(body, dict) and isinstance(body.get("seq"), int):
+            return body
+    except (ValueError, OSError):
+        pass
+    log.warning("%s is unreadable: ignored (the newest checkpoint decides the line going on)", path)
+    return None
+
+
+def mark_line(run_dir: Path, start: Path | None, run_id: str | None) -> None:
+    """Record that a run starts a line of training here from checkpoint `start` (None: from scratch), before it
+    trains (main process). Until it saves, the line going on is this one: a crash before its first save leaves
+    `latest` at `start`, not at the newest save of the line it abandoned. Only where there are checkpoints."""
+    root = Path(run_dir) / "checkpoints"
+    if not any(root.glob("step_*")):
+        return
+    parent = None
+    if start is not None and Path(start).parent.resolve() == root.resolve():
+        parent = {"name": Path(start).name, "seq": manifest(start).get("seq", 0)}
+    body = {"seq": _next_seq(root), "parent": parent, "run_id": run_id, "created": time.time()}
+    tmp = root / (LINE + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(json.dumps(body, indent=1))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, root / LINE)
+    _fsync_dir(root)
+
+
+def _sealed(path: Path) -> bool:
+    """The folder's manifest is readable and sealed: its place in the timeline can be trusted."""
+    try:
+        body = manifest(path)
+        return isinstance(body, dict) and body.get(SEAL) == _seal(body)
+    except (ValueError, OSError):
+        return False
+
+
+def _scan(run_dir: Path, content: bool) -> tuple[list[Path], list[Path], list[tuple[Path, str]]]:
+    """(complete checkpoints off the line going on, oldest first; those of the line going on, from its start;
+    [(skipped folder, why)]). The line is traced through every sealed manifest, damaged files or not: a
+    damaged newest save still ends the line at its parent, never at another line's newest."""
+    root = Path(run_dir) / "checkpoints"
+    good, placed, skipped = [], [], []
+    for p in sorted(root.glob("step_*")):
+        if not STEP_DIR.match(p.name):
+            skipped.append((p, "an unfinished save or deletion (temporary folder)"))
+            continue
+        if _sealed(p):
+            placed.append(p)
+        if problems := verify(p, content):
+            skipped.append((p, "; ".join(problems)))
+        else:
+            good.append(p)
+    off, line = _lines(placed, _line_start(root))
+    return [p for p in off if p in good], [p for p in line if p in good], skipped
+
+
+def lines(run_dir: Path) -> tuple[list[Path], list[Path]]:
+    """(complete checkpoints off the line going on, oldest first; the line going on, from its start)."""
+    off, line, _ = _scan(run_dir, content=False)
+    return off, line
 
 
 def scan(run_dir: Path, content: bool = False) -> tuple[list[Path], list[tuple[Path, str]]]:
     """(complete checkpoints in timeline order, oldest first; [(skipped folder, why)])."""
-    root = Path(run_dir) / "checkpoints"
-    good, skipped = [], []
-    for p in sorted(root.glob("step_*")):
-        if not STEP_DIR.match(p.name):
-            skipped.append((p, "an unfinished save or deletion (temporary folder)"))
-        elif problems := verify(p, content):
-            skipped.append((p, "; ".join(problems)))
-        else:
-            good.append(p)
-    return _order(good), skipped
+    off, line, skipped = _scan(run_dir, content)
+    return off + line, skipped
 
 
 def checkpoints(run_dir: Path) -> list[Path]:
@@ -149,6 +273,34 @@ def checkpoints(run_dir: Path) -> list[Path]:
 
 def manifest(path: Path) -> dict[str, Any]:
     return json.loads((Path(path) / MANIFEST).read_text())
+
+
+def healthy(path: Path) -> bool | None:
+    """The checkpoint's health verdict: True once the training losses its own weights produced passed the
+    divergence checks, False when they failed them, None while not checked yet (no step trained from it)."""
+    verdict = manifest(path).get("health")
+    return None if verdict is None else bool(verdict["ok"])
+
+
+def record_health(path: Path, ok: bool, loss: float | None, step: int, why: str | None = None) -> None:
+    """Record the verdict on a checkpoint's weights in its manifest (main process): `loss` is the mean training
+    loss those weights produced, measured in optimizer step `step` (the first update trained from them)."""
+    body = manifest(path)
+    body["health"] = {"ok": ok, "loss": loss, "step": step, "why": why}
+    write_manifest(path, body)
+
+
+def known_good(path: Path | None) -> Path | None:
+    """The newest checkpoint known good among `path` and its ancestors on its line (None if none is left)."""
+    seen = set()
+    while path is not None and path.is_dir() and path not in seen and not verify(path, content=False):
+        seen.add(path)
+        if healthy(path):
+            return path
+        parent = manifest(path).get("parent")
+        nxt = path.parent / parent["name"] if parent else None
+        path = nxt if nxt is not None and nxt.is_dir() and manifest(nxt).get("seq") == parent["seq"] else None
+    return None
 
 
 def clean(root: Path) -> None:
@@ -167,7 +319,7 @@ def _remove(path: Path) -> None:
 
 
 def _next_seq(root: Path) -> int:
-    seqs = [0]
+    seqs = [0, (_line_start(root) or {}).get("seq", 0)]
     for p in root.glob("step_*/" + MANIFEST):
         with contextlib.suppress(ValueError, OSError, TypeError, AttributeError):  # a foreign or torn manifest
             seqs.append(int(json.loads(p.read_text()).get("seq", 0)))
@@ -185,10 +337,10 @@ def _bytes_needed(run_dir: Path, accelerator: Accelerator) -> int:
 
 def save(accelerator: Accelerator, run_dir: Path, step: int, info: dict[str, Any], state: dict[str, Any],
          config: dict[str, Any], model_config, keep_last: int, keep_best: int = 0, mode: str = "max",
-         parent: Path | None = None, scheduler=None) -> Path:
+         parent: Path | None = None, scheduler=None, run_id: str | None = None) -> Path:
     """Write a checkpoint atomically, then rotate: keep the last `keep_last` of the timeline and the best
-    `keep_best`. `parent`: the checkpoint this line of training continues (the previous save, or the one
-    it resumed from). A failed write (a full disk) leaves the earlier checkpoints as they were."""
+    `keep_best` of this run (`run_id`). `parent`: the checkpoint this line of training continues (the previous
+    save, or the one it resumed from). A failed write (a full disk) leaves the earlier checkpoints as they were."""
     root = Path(run_dir) / "checkpoints"
     final = root / f"step_{step}"
     tmp = final.with_name(final.name + ".tmp")
@@ -211,13 +363,10 @@ def save(accelerator: Accelerator, run_dir: Path, step: int, info: dict[str, Any
             if parent is not None and (Path(parent) / MANIFEST).is_file():
                 lineage = {"name": Path(parent).name, "seq": manifest(parent).get("seq", 0)}
             body = {"step": step, **info, "config_hash": config_hash(config), "created": time.time(),
-                    "seq": _next_seq(root), "parent": lineage,
+                    "seq": _next_seq(root), "parent": lineage, "run_id": run_id, "health": None,
+                    "world_size": accelerator.num_processes, "data": data_digests(config),
                     "files": {n: (tmp / n).stat().st_size for n in names}, HASH: sums}
-            with open(tmp / MANIFEST, "w") as f:  # written last: its presence means complete
-                f.write(json.dumps(body, indent=2))
-                f.flush()
-                os.fsync(f.fileno())
-            _fsync_dir(tmp)
+            write_manifest(tmp, body)  # written last: its presence means complete
     except Exception as exc:
         if accelerator.is_main_process:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -240,7 +389,8 @@ def save(accelerator: Accelerator, run_dir: Path, step: int, info: dict[str, Any
         _fsync_dir(root)
         if replaced is not None:
             shutil.rmtree(replaced)
-        for old in rotate(checkpoints(run_dir), keep_last, keep_best, mode):
+        off, line = lines(run_dir)
+        for old in rotate(off + line, keep_last, keep_best, mode, line, run_id):
             _remove(old)
         log.info("checkpoint saved: %s", final)
     accelerator.wait_for_everyone()
@@ -253,17 +403,24 @@ def _metric(path: Path) -> float | None:
 
 
 def best(found: list[Path], mode: str, k: int = 1) -> list[Path]:
-    """The k best checkpoints by their recorded metric (those without one never count)."""
-    scored = [p for p in found if _metric(p) is not None]
+    """The k best checkpoints by their recorded metric (those without one, or whose weights diverged, never
+    count)."""
+    scored = [p for p in found if _metric(p) is not None and healthy(p) is not False]
     return sorted(scored, key=lambda p: _metric(p), reverse=mode == "max")[:k]
 
 
-def restore_best(accelerator: Accelerator, run_dir: Path, mode: str) -> Path | None:
-    """Load the run's best checkpoint (by its recorded metric; the best whose every byte verifies) into the
-    prepared objects, for exporting its weights; return it, or None (nothing loaded) when no checkpoint has
-    a metric that verifies. Model, optimizer, scaler and RNG states become the checkpoint's; the training
-    state is not touched."""
-    found = checkpoints(run_dir)
+def of_run(found: list[Path], run_id: str | None) -> list[Path]:
+    """The checkpoints a run wrote (its own and those of its resumes): never a previous run's in a reused
+    folder. None: all of them."""
+    return found if run_id is None else [p for p in found if manifest(p).get("run_id") == run_id]
+
+
+def restore_best(accelerator: Accelerator, run_dir: Path, mode: str, run_id: str | None = None) -> Path | None:
+    """Load the best checkpoint of run `run_id` (by its recorded metric; the best whose every byte verifies)
+    into the prepared objects, for exporting its weights; return it, or None (nothing loaded) when none of its
+    checkpoints has a metric that verifies. Model, optimizer, scaler and RNG states become the checkpoint's;
+    the training state is not touched."""
+    found = of_run(checkpoints(run_dir), run_id)
     for path in best(found, mode, k=len(found)):
         if problems := verify(path):
             log.warning("not exporting %s, the best checkpoint by its metric: %s", path, "; ".join(problems))
@@ -273,10 +430,16 @@ def restore_best(accelerator: Accelerator, run_dir: Path, mode: str) -> Path | N
     return None
 
 
-def rotate(found: list[Path], keep_last: int, keep_best: int, mode: str) -> list[Path]:
-    """Checkpoints to delete: all but the last `keep_last` of `found` (in timeline order) and the best
-    `keep_best`."""
-    keep = set(found[-keep_last:]) | set(best(found, mode, keep_best) if keep_best else [])
+def rotate(found: list[Path], keep_last: int, keep_best: int, mode: str, line: list[Path] | None = None,
+           run_id: str | None = None) -> list[Path]:
+    """Checkpoints to delete: all but the last `keep_last` of `found` (in timeline order), the best `keep_best`
+    of run `run_id` (a previous run's in a reused folder never count) and the newest known good (`healthy`) of
+    `line` (the line going on; default `found`). The newest known good one stays while newer ones are not
+    checked yet: it is what a divergence sends the user back to."""
+    line = found if line is None else line
+    keep = set(found[-keep_last:]) | set(best(of_run(found, run_id), mode, keep_best) if keep_best else [])
+    good = [p for p in line if healthy(p)]
+    keep |= set(good[-1:])
     return [p for p in found if p not in keep]
 
 
@@ -286,11 +449,16 @@ def resolve_resume(run_dir: Path, resume: str | None) -> Path | None:
     if resume is None:
         return None
     if resume == "latest":
-        good, skipped = scan(run_dir)
+        off, good, skipped = _scan(run_dir, content=False)
+        for path in off:
+            log.info("checkpoint.resume=latest: not %s: off the line of training going on (an abandoned line, or a "
+                     "previous run's)", path)
         chosen = None
         for path in reversed(good):
             if problems := verify(path, content=True):
                 skipped.append((path, "; ".join(problems)))
+            elif healthy(path) is False:
+                skipped.append((path, _unhealthy(path)))
             else:
                 chosen = path
                 break
@@ -299,6 +467,8 @@ def resolve_resume(run_dir: Path, resume: str | None) -> Path | None:
         return chosen
     path = Path(resume)
     problems = verify(path) if path.is_dir() else ["no such folder"]
+    if not problems and healthy(path) is False:
+        problems = [_unhealthy(path)]
     if problems:
         raise CheckpointError(
             f"checkpoint.resume={resume} cannot be loaded: {'; '.join(problems)}. "
@@ -306,6 +476,13 @@ def resolve_resume(run_dir: Path, resume: str | None) -> Path | None:
             "(or checkpoint.resume=latest)."
         )
     return path
+
+
+def _unhealthy(path: Path) -> str:
+    h = manifest(path)["health"]
+    loss = "" if h.get("loss") is None else f", {h['loss']:.4g}"
+    return (f"its weights diverged (the loss they produced in step {h['step']}{loss} failed the divergence check: "
+            f"{h['why']}); resume from the checkpoint the divergence message named")
 
 
 def _scheduler_left_out(accelerator: Accelerator, scheduler) -> bool:
@@ -371,15 +548,42 @@ def breaking_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[str
     return out
 
 
-def check_config(path: Path, current: dict[str, Any], allow: bool) -> None:
+def check_config(path: Path, current: dict[str, Any], allow: bool, world_size: int = 1) -> list[str]:
+    """Refuse (or, allowed, warn about) a resume whose settings break exactness: config keys (EXACTNESS_KEYS),
+    the number of processes (so the global batch) and the training data's content, all as the checkpoint
+    recorded them. Returns the changes that were allowed."""
     saved = OmegaConf.to_container(OmegaConf.load(Path(path) / "config.yaml"))
+    body = manifest(path)
     changes = breaking_changes(saved, current)
+    saved_world = body.get("world_size")
+    if saved_world is not None and saved_world != world_size:
+        def per_update(c: dict, world: int) -> int:
+            return c["trainer"]["batch_size"] * c["trainer"]["grad_accum"] * world
+
+        changes.append(f"processes (world size): {saved_world} -> {world_size}, so the global batch: "
+                       f"{per_update(saved, saved_world)} -> {per_update(current, world_size)} examples per update")
+    now = data_digests(current)
+    for key, digest in (body.get("data") or {}).items():
+        if now.get(key) == digest:  # the same data: a file moved or renamed is not a change
+            changes = [c for c in changes if not c.startswith(f"{key}: ")]
+        elif key in now:
+            changes.append(f"{key}={flat(current).get(key)}: its content is not what the checkpoint trained on "
+                           f"(content digest {digest} -> {now[key]})")
     if not changes:
-        return
+        return []
+    why_not = dict(NOT_ON_RESUME)
+    if str(current["distributed"]["backend"]) == "deepspeed":
+        why_not.update(dict.fromkeys(DEEPSPEED_SCALER, "DeepSpeed restores its fp16 loss scaler from its own "
+                                                      "checkpoint files, whatever the config says"))
+    refused = [f"  - {c}: {why}" for c in changes for key, why in why_not.items() if c.startswith(f"{key}: ")]
+    if refused:
+        raise CheckpointError(f"checkpoint {path}: these changes cannot take effect on a resume, not even with "
+                              "checkpoint.allow_config_change=true:\n" + "\n".join(refused))
     listing = "\n".join(f"  - {c}" for c in changes)
     if allow:
-        log.warning("resuming %s with a changed config (checkpoint.allow_config_change=true):\n%s", path, listing)
-        return
+        log.warning("resuming %s with a changed config (checkpoint.allow_config_change=true); the run goes on with "
+                    "the config as given:\n%s", path, listing)
+        return changes
     raise CheckpointError(
         f"checkpoint {path} was written with a different config; resuming would not continue the same "
         f"run:\n{listing}\nUse the same settings, or pass checkpoint.allow_config_change=true to resume anyway."

@@ -141,6 +141,9 @@ class TaskConfig:
     max_length: int = 128
     max_train_samples: int | None = None
     max_eval_samples: int | None = None  # per validation split (examples, not QA windows)
+    # Fraction of a split's rows with an empty or missing text (any text field; a QA question or context) that is
+    # tolerated, with a warning naming them: they train and score as the empty string. More is a data error.
+    max_empty_texts: float = 0.01
     # More validation sets, evaluated after the main one, results prefixed `<name>/` (e.g. MNLI
     # mismatched): Hub split names, or local files (named by their stem) when train_file is given.
     extra_validation_splits: list[str] = field(default_factory=list)
@@ -158,8 +161,10 @@ class TaskConfig:
     n_best: int = 20  # start and end candidates per window
     version_2: bool = False  # SQuAD v2.0: unanswerable questions, no-answer if null score wins
     null_threshold: float = 0.0  # v2: answer "" when null score - best span score > this
-    # Fraction of answered questions whose answer_start does not point at their text that is tolerated (with a
-    # warning; they train as "no answer"); more is a data error. The official SQuAD files have none.
+    # Fraction of questions that would silently train as "no answer" that is tolerated (with a warning naming
+    # them); more is a data error: answered questions whose answer_start does not point at their text, and, in
+    # SQuAD v1.1 (version_2=false, where every question has an answer), questions without answers. The official
+    # SQuAD files have none.
     max_misaligned_answers: float = 0.01
 
 

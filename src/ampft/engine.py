@@ -101,6 +101,7 @@ class Training:
     max_steps: int  # optimizer updates to apply in all (trainer.max_steps, or trainer.epochs' worth)
     state: TrainState  # where training stands: checkpointed, restored on resume
     resumed_from: Path | None = None  # the checkpoint `state` was loaded from
+    run_id: str | None = None  # this run's identity, in each of its manifests (kept by its resumes)
 
 
 @dataclass(frozen=True)
@@ -194,7 +195,7 @@ class Meters:
 
 
 class Guard:
-    """Watches for divergence without a host sync per step.
+    """Watches for divergence without a host sync per step, and decides which checkpoints are known good.
 
     Per optimizer step, a device-side counter tracks the current run of steps whose loss was not finite
     (and its maximum); it is read every `max_consecutive_nonfinite` attempts and at logging points. Under
@@ -203,12 +204,19 @@ class Guard:
 
     A loss explosion (a logging window's mean loss above `precision.max_loss_ratio` times the loss of the
     run's first micro-batch, taken before any update) also stops the run; it is checked at logging points
-    and before every checkpoint, so no checkpoint is written from exploded weights.
+    and before every checkpoint, so no checkpoint is written after exploded losses.
+
+    A loss is computed with the weights of the update before it, so those checks run one update behind the
+    weights a checkpoint holds. A checkpoint is therefore known good only once its own weights were seen: the
+    losses of the first update trained from it (a resume's first update too) pass the same checks (finite,
+    within max_loss_ratio). The verdict goes into its manifest (`checkpointing.record_health`); a divergence
+    marks the checkpoint not judged yet as diverged (its weights produced the failing losses) and names the
+    newest checkpoint known good, never one whose weights were not seen.
     """
 
-    def __init__(self, acc: Accelerator, p: DictConfig, st: TrainState | None = None,
-                 last_checkpoint: Callable[[], Path | None] = lambda: None):
-        self.acc, self.p, self.st, self.last_checkpoint = acc, p, st, last_checkpoint
+    def __init__(self, acc: Accelerator, p: DictConfig, st: TrainState | None = None, run_dir: Path | None = None):
+        self.acc, self.p, self.st = acc, p, st
+        self.own = None if run_dir is None else (Path(run_dir) / "checkpoints").resolve()  # verdicts written here
         self.window_sum = torch.zeros((), device=acc.device)
         self.window_n = 0
         self.first: torch.Tensor | None = None
@@ -220,14 +228,72 @@ class Guard:
         self.scale = acc.scaler.get_scale() if acc.scaler is not None else None
         if self.scale is not None:
             self.history.append((0, self.scale))
+        self.pending: Path | None = None  # the newest checkpoint, its own weights not judged yet
+        self.good: Path | None = None  # the newest checkpoint of this line known good
+        self.good_health: dict = {}  # its verdict: the loss its weights produced, and in which step
+        self.probe_sum = torch.zeros((), device=acc.device)  # losses computed with the pending checkpoint's weights
+        self.probe_n = 0
+
+    def track(self, checkpoint: Path | None) -> None:
+        """`checkpoint` was just saved, or resumed from: the next update trains from its weights."""
+        if checkpoint is None:
+            return
+        if checkpointing.healthy(checkpoint):
+            self.pending = None
+            self.good, self.good_health = checkpoint, checkpointing.manifest(checkpoint)["health"]
+        else:
+            self.pending = checkpoint
+            if self.good is None:  # a resume: the newest known good among its ancestors
+                self.good = checkpointing.known_good(checkpoint)
+                self.good_health = {} if self.good is None else checkpointing.manifest(self.good)["health"]
+        self.reset_probe()
+
+    def reset_probe(self) -> None:
+        """Start measuring the pending checkpoint's weights afresh (after a step the loss scaler skipped: the
+        verdict is taken from the update that is applied)."""
+        self.probe_sum.zero_()
+        self.probe_n = 0
 
     def see_loss(self, loss: torch.Tensor) -> None:
         loss = loss.detach()
         self.step_bad |= ~torch.isfinite(loss)
         self.window_sum += loss.float()
         self.window_n += 1
+        if self.pending is not None:
+            self.probe_sum += loss.float()
+            self.probe_n += 1
         if self.first is None and self.st is not None and self.st.initial_loss is None:
             self.first = loss.float().clone()
+
+    def exploded(self, loss: float) -> str | None:
+        """Why a mean loss means divergence (None: it does not)."""
+        if not math.isfinite(loss):
+            return f"the loss was {loss}"
+        ratio, initial = self.p.max_loss_ratio, None if self.st is None else self.st.initial_loss
+        if ratio and initial is not None and math.isfinite(initial) and loss > ratio * abs(initial):
+            return (f"the loss exploded: {loss:.4g}, more than precision.max_loss_ratio={ratio:g} x the initial loss "
+                    f"{initial:.4g}")
+        return None
+
+    def judge(self, step: int) -> None:
+        """After the first applied update trained from the pending checkpoint (`step`): its weights' losses
+        decide its health (one host sync per checkpoint)."""
+        if self.pending is None or not self.probe_n:
+            return
+        loss = float(self.acc.reduce(self.probe_sum, reduction="mean")) / self.probe_n
+        why = self.exploded(loss)
+        if why is not None:
+            self.fail(step, f"{why} in the first update trained from checkpoint {self.pending.name}", loss)
+        self.record(True, loss, step)
+        self.good, self.pending, self.good_health = self.pending, None, {"loss": loss, "step": step}
+
+    def record(self, ok: bool, loss: float | None, step: int, why: str | None = None) -> bool:
+        """The pending checkpoint's verdict into its manifest, by the main process; only into one of this run
+        dir's (a resume from another run's checkpoint does not write into that run). True: recorded."""
+        ours = self.own is not None and self.pending.parent.resolve() == self.own
+        if ours and self.acc.is_main_process:
+            checkpointing.record_health(self.pending, ok, loss, step, why)
+        return ours
 
     def check_loss(self, step: int) -> None:
         """The window since the last call against the initial loss (one host sync; at logging points and
@@ -239,11 +305,8 @@ class Guard:
         self.window_n = 0
         if self.st.initial_loss is None and self.first is not None:
             self.st.initial_loss = float(self.acc.reduce(self.first, reduction="mean"))
-        ratio, initial = self.p.max_loss_ratio, self.st.initial_loss
-        if ratio and initial is not None and math.isfinite(window) and math.isfinite(initial) \
-                and window > ratio * abs(initial):
-            self.fail(step, f"the loss exploded: {window:.4g} over the last steps, more than precision.max_loss_ratio="
-                            f"{ratio:g} x the initial loss {initial:.4g}")
+        if math.isfinite(window) and (why := self.exploded(window)):  # non-finite: the consecutive count decides
+            self.fail(step, f"{why} (the mean over the last steps)")
 
     def end_step(self, step: int) -> None:
         """After each optimizer step attempt (applied or skipped)."""
@@ -268,22 +331,29 @@ class Guard:
             self.fail(step, f"the loss was not finite for {worst} optimizer steps in a row "
                              f"(precision.max_consecutive_nonfinite={self.p.max_consecutive_nonfinite})")
 
-    def fail(self, step: int, what: str) -> None:
+    def fail(self, step: int, what: str, loss: float | None = None) -> None:
         history = ", ".join(f"step {s}: {v:g}" for s, v in self.history) or "n/a (no loss scaling)"
-        last = self.last_checkpoint()
-        if last is not None:
-            m = checkpointing.manifest(last)
-            kept = (f"The last checkpoint, {last} (step {m['step']}, loss {m.get('loss', float('nan')):.4g}), "
-                    "passed these checks and is intact; resume from it with a fix: "
-                    f"checkpoint.resume={last} checkpoint.allow_config_change=true.")
+        written = "No checkpoint was written from these weights."
+        if self.pending is not None:  # its weights produced (some of) the losses that failed
+            marked = ("it is marked diverged, and checkpoint.resume=latest skips it" if self.record(False, loss, step, what)
+                      else "do not resume from it")
+            written = (f"Checkpoint {self.pending} holds the weights that produced these losses (it was written "
+                       f"before they were seen): {marked}.")
+            self.pending = None
+        good = self.good if self.good is not None and self.good.is_dir() else None
+        if good is not None:
+            h = self.good_health
+            kept = (f"The newest checkpoint known good is {good} (step {checkpointing.manifest(good)['step']}: the loss "
+                    f"its weights produced in step {h.get('step')}, {h.get('loss', float('nan')):.4g}, passed these "
+                    f"checks); resume from it with a fix: checkpoint.resume={good} checkpoint.allow_config_change=true.")
         else:
-            kept = "There is no checkpoint of this run to go back to."
+            kept = "No checkpoint of this run is known good to go back to."
         raise TrainingDiverged(
             f"training diverged at step {step}: {what}.\n"
             f"  loss-scale history: {history}\n"
             "  likely fixes: precision=bf16 (fp32's range, no loss scaling); a lower optim.lr or more "
             "scheduler.warmup_steps; trainer.max_grad_norm=1.0; for fp16 a smaller precision.init_scale.\n"
-            f"  No checkpoint was written from these weights. {kept}"
+            f"  {written} {kept}"
         )
 
 
@@ -348,7 +418,8 @@ class TrainingLoop:
         self.meters = Meters(acc)
         self.window = LossWindow(acc)
         self.last_checkpoint = training.resumed_from  # the newest checkpoint of this line: saved, or resumed from
-        self.guard = Guard(acc, training.cfg.precision, self.state, lambda: self.last_checkpoint)
+        self.guard = Guard(acc, training.cfg.precision, self.state, training.run_dir)
+        self.guard.track(training.resumed_from)
         minutes = training.cfg.trainer.max_minutes
         self.deadline = None if minutes is None else time.monotonic() + 60 * minutes
 
@@ -372,7 +443,7 @@ class TrainingLoop:
             if not done:  # the epoch ran out before max_steps
                 st.epoch += 1
                 st.batch_in_epoch = 0
-                if not tr.eval_every:
+                if not tr.eval_every and st.eval_step != st.step:  # (evaluated already: a checkpoint's best)
                     self.evaluate()
         self.meters.fold(st)
         if self.window.batches:  # the last, partial logging window
@@ -402,10 +473,12 @@ class TrainingLoop:
             st.skipped += 1
             self.window.skipped += 1
             self.guard.end_step(st.step)
+            self.guard.reset_probe()
             return False
         self.guard.end_step(st.step)
         st.step += 1
         t.tracker.advance()
+        self.guard.judge(st.step)
         if st.step % tr.log_every == 0 or st.step == t.max_steps:
             self.log()
         if tr.eval_every and st.step % tr.eval_every == 0:
@@ -468,7 +541,8 @@ class TrainingLoop:
             t.accelerator, t.run_dir, st.step, info, st.state_dict(), to_plain(t.cfg),
             t.accelerator.unwrap_model(t.model).config, ck.keep_last, ck.keep_best,
             metric_mode(ck.metric or t.cfg.task.main_metric, ck.mode), parent=self.last_checkpoint,
-            scheduler=t.scheduler)
+            scheduler=t.scheduler, run_id=t.run_id)
+        self.guard.track(self.last_checkpoint)
         self.meters.restart()
 
     def signalled(self) -> bool:

@@ -6,10 +6,16 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
+import fcntl
 import functools
+import json
 import logging
 import math
+import os
+import socket
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +24,13 @@ import torch
 import transformers
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState, GradientState
-from accelerate.utils import DataLoaderConfiguration, TorchDynamoPlugin, is_compiled_module, set_seed
+from accelerate.utils import (
+    DataLoaderConfiguration,
+    TorchDynamoPlugin,
+    broadcast_object_list,
+    is_compiled_module,
+    set_seed,
+)
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from huggingface_hub.errors import HFValidationError
 from huggingface_hub.utils import validate_repo_id
@@ -103,8 +115,9 @@ def run(cfg: DictConfig, run_dir: Path, started: float | None = None) -> dict[st
     tasks.check_installed(cfg.task.metrics)  # a missing optional library is said now, not after training
     if torch.cuda.is_available():  # this run's peak, not an earlier run's in the same process (multirun)
         torch.cuda.reset_peak_memory_stats()
+    held = contextlib.ExitStack()  # the run dir's lock, released when the run ends however it ends
     try:
-        training, tokenizer, ran_precision = build(cfg, run_dir)
+        training, tokenizer, ran_precision = build(cfg, run_dir, held)
         end_process_group_at_exit()
         setup_seconds = time.perf_counter() - started  # to the first training step: model, data, cache
         try:
@@ -118,13 +131,15 @@ def run(cfg: DictConfig, run_dir: Path, started: float | None = None) -> dict[st
         if cfg.checkpoint.export:  # checkpoint.export_best: the best checkpoint's weights replace the last ones
             ck = cfg.checkpoint
             mode = metric_mode(ck.metric or cfg.task.main_metric, ck.mode)
-            best = checkpointing.restore_best(training.accelerator, run_dir, mode) if ck.export_best else None
+            best = (checkpointing.restore_best(training.accelerator, run_dir, mode, training.run_id)
+                    if ck.export_best else None)
             export_model(training, tokenizer, summary, best)
         if training.accelerator.is_main_process:
             write_summary(run_dir, summary)
             print(format_summary(summary), flush=True)
         return summary
     finally:
+        held.close()
         reset_accelerate()
 
 
@@ -146,18 +161,24 @@ def reset_accelerate() -> None:
     GradientState._reset_state()
 
 
-def build(cfg: DictConfig, run_dir: Path) -> tuple[Training, PreTrainedTokenizerBase, str]:
-    """Everything the loop needs, after validation; resumed from a checkpoint if asked."""
+def build(cfg: DictConfig, run_dir: Path,
+          held: contextlib.ExitStack | None = None) -> tuple[Training, PreTrainedTokenizerBase, str]:
+    """Everything the loop needs, after validation; resumed from a checkpoint if asked. `held`: take the run
+    dir's lock into it (a training run, `run`; the speed benchmark and tests that only build do not)."""
     for warning in validate(cfg):
         log.warning(warning)
-    # Before anything is written, on every rank (they see the same folder): resume target and run dir.
-    resume = checkpointing.resolve_resume(run_dir, cfg.checkpoint.resume)
-    if resume is not None:
-        checkpointing.check_config(resume, to_plain(cfg), cfg.checkpoint.allow_config_change)
-    check_run_dir(run_dir, cfg, resume)
     set_seed(cfg.trainer.seed)
     accelerator = make_accelerator(cfg, run_dir)
     distributed.check_world(accelerator)
+    if held is not None:  # before anything reads the folder: another run may be saving or rotating there
+        held.enter_context(hold_run_dir(accelerator, run_dir))
+    # Before anything is written, on every rank (they see the same folder): resume target and run dir.
+    resume = checkpointing.resolve_resume(run_dir, cfg.checkpoint.resume)
+    changed = []
+    if resume is not None:
+        changed = checkpointing.check_config(resume, to_plain(cfg), cfg.checkpoint.allow_config_change,
+                                             accelerator.num_processes)
+    check_run_dir(run_dir, cfg, resume)
     ran_precision = precision.setup(accelerator, cfg.precision)
     accelerator.wait_for_everyone()  # every rank has checked the run dir before the main process writes
     if accelerator.is_main_process:
@@ -192,12 +213,20 @@ def build(cfg: DictConfig, run_dir: Path) -> tuple[Training, PreTrainedTokenizer
     state = TrainState()  # checkpointed as JSON by checkpointing.save, not registered with Accelerate
 
     if resume is not None:
+        fresh = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
         state.load_state_dict(checkpointing.load(accelerator, resume, scheduler))
+        if changed:
+            apply_changes(accelerator, optimizer, scheduler, cfg, fresh, changed)
+        continue_epoch(state, resume, cfg, accelerator.num_processes)
         log.info("resumed from %s at step %d (epoch %d, batch %d)", resume, state.step, state.epoch,
                  state.batch_in_epoch)
 
+    run_id = run_identity(accelerator, resume)
+    if accelerator.is_main_process:  # with the history trimmed below: this run's line is the one going on
+        checkpointing.mark_line(run_dir, resume, run_id)
     tracker = Tracker(accelerator, run_dir, cfg.logging.name.value, cfg.logging.project,
-                      flat(to_plain(cfg)), max_steps, tr.progress_bar, history_until=state.step)
+                      flat(to_plain(cfg)), max_steps, tr.progress_bar, history_until=state.step,
+                      evaluated=state.eval_step == state.step)
     # Under torch.compile, evaluation runs the eager module: the compiled graphs are the training step's
     # (eval mode would compile a second set for a few hundred batches).
     eval_model = model._orig_mod if is_compiled_module(model) else model
@@ -205,19 +234,197 @@ def build(cfg: DictConfig, run_dir: Path) -> tuple[Training, PreTrainedTokenizer
         accelerator=accelerator, model=model, optimizer=optimizer, scheduler=scheduler, train_dl=train_dl,
         evaluate=lambda: tasks.evaluate(accelerator, eval_model, data, eval_dls, cfg.task, run_dir),
         tracker=tracker, cfg=cfg, family=family, run_dir=run_dir, max_steps=max_steps, state=state, resumed_from=resume,
+        run_id=run_id,
     )
     log.info("training: %d optimizer steps (%d per epoch), batch %d x %d processes x %d accumulation",
              max_steps, steps_per_epoch, tr.batch_size, accelerator.num_processes, tr.grad_accum)
     return training, tokenizer, ran_precision
 
 
-# What a run leaves in its run dir (Hydra's own .hydra/ and <job>.log aside).
+def apply_changes(accelerator: Accelerator, optimizer, scheduler, cfg: DictConfig, fresh: list[dict],
+                  changed: list[str]) -> None:
+    """Make an allowed config change (checkpoint.allow_config_change) take effect on resume: loading the
+    checkpoint put back the optimizer's hyper-parameters, the schedule's base learning rate and the fp16 loss
+    scaler's settings as they were. From the config again: every optimizer setting (`fresh`: the param groups
+    as built, before the load), `optim.lr` as the schedule's base (the schedule goes on from it at its step:
+    base lr x the schedule's factor, warmup and shape as configured now) and the loss scaler's settings, its
+    scale reset to `precision.init_scale` (or static_scale) when `changed` says that changed. What the config reads at every step
+    (trainer.max_grad_norm, the divergence limits) needs nothing here; what cannot be applied is refused by
+    `checkpointing.check_config`."""
+    sched = getattr(scheduler, "scheduler", scheduler)  # Accelerate's wrapper, or the bare one (DeepSpeed)
+    for group, built in zip(optimizer.param_groups, fresh, strict=True):
+        group.update({k: v for k, v in built.items() if k not in ("lr", "initial_lr")})
+        group["initial_lr"] = cfg.optim.lr
+    sched.base_lrs = [cfg.optim.lr] * len(optimizer.param_groups)
+    lrs = [base * factor(sched.last_epoch) for base, factor in zip(sched.base_lrs, sched.lr_lambdas, strict=True)]
+    for group, lr in zip(optimizer.param_groups, lrs, strict=True):
+        group["lr"] = lr
+    sched._last_lr = lrs
+    scaler, p = accelerator.scaler, cfg.precision
+    if scaler is not None:
+        scaler.set_growth_factor(p.growth_factor)
+        scaler.set_backoff_factor(p.backoff_factor)
+        scaler.set_growth_interval(p.growth_interval if p.static_scale is None else 2**31 - 1)
+        if any(c.startswith(("precision.init_scale:", "precision.static_scale:")) for c in changed):
+            scale = float(p.init_scale if p.static_scale is None else p.static_scale)
+            if scaler._scale is None:  # GradScaler creates its scale tensor at the first step, from _init_scale
+                scaler._init_scale = scale
+            else:
+                scaler.update(new_scale=scale)
+    log.info("resumed with the config as given: lr %s (schedule step %d), loss scale %s", lrs[0], sched.last_epoch,
+             None if scaler is None else scaler.get_scale())
+
+
+def continue_epoch(state: TrainState, resume: Path, cfg: DictConfig, world_size: int) -> None:
+    """Where to go on in the epoch when the examples per micro-batch step changed (trainer.batch_size x
+    processes; allowed by checkpoint.allow_config_change): skip the examples already trained on, not the same
+    number of batches, which would skip or repeat others. Every rank takes consecutive batches of one order
+    of the epoch's examples, so that count is batches x batch size x processes."""
+    saved = OmegaConf.load(Path(resume) / "config.yaml").trainer.batch_size
+    before = saved * checkpointing.manifest(resume).get("world_size", world_size)
+    now = cfg.trainer.batch_size * world_size
+    if before == now or not state.batch_in_epoch:
+        return
+    consumed = state.batch_in_epoch * before
+    state.batch_in_epoch, again = divmod(consumed, now)
+    log.warning("the epoch goes on after its %d examples already trained on (%d per step before, %d now)%s%s",
+                consumed, before, now,
+                f"; the next {again} of them are trained on again" if again else "",
+                "; with trainer.group_by_length the rest of the epoch is in another order (its length groups are "
+                "of the global batch)" if cfg.trainer.group_by_length else "")
+
+
+def run_identity(accelerator: Accelerator, resume: Path | None) -> str:
+    """The run's id, written into each of its checkpoints: a resume continues its checkpoint's run; a new run
+    (also one in a reused folder) draws a new id, the same on every rank. Only a run's own checkpoints are
+    candidates for its best (`checkpointing.of_run`)."""
+    if resume is not None and (found := checkpointing.manifest(resume).get("run_id")):
+        return found
+    drawn = [uuid.uuid4().hex[:12]]
+    if accelerator.num_processes > 1:
+        broadcast_object_list(drawn)
+    return drawn[0]
+
+
+LOCK = "run.lock"  # <run dir>/run.lock: held (flock) by the run training there
+
+
+def _process_start(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (Linux), to tell a pid reused by another process."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _gone(holder: dict) -> bool:
+    """A lock's holder is known to be gone: on this host, and its pid is not running (or is another process)."""
+    if holder.get("host") != socket.gethostname() or not isinstance(holder.get("pid"), int):
+        return False
+    try:
+        os.kill(holder["pid"], 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, another user's
+        return False
+    started = _process_start(holder["pid"])
+    return started is not None and holder.get("started") is not None and started != holder["started"]
+
+
+def _lock(path: Path) -> tuple[int | None, dict | None]:
+    """(an fd holding `path`'s lock, None) or (None, the holder's record). The kernel's flock is the lock, so a
+    killed run's lock is free again; where the filesystem has no locks, the record's pid and host decide."""
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read_lock(fd)
+            os.close(fd)
+            return None, holder or {}
+        except OSError as exc:  # no locks on this filesystem (ENOLCK, EOPNOTSUPP, ...): the record decides
+            holder = _read_lock(fd)
+            if holder and holder.get("pid") != os.getpid() and not _gone(holder):
+                os.close(fd)
+                return None, holder
+            log.warning("%s: the filesystem does not lock files (%s): relying on the pid and host in it", path, exc)
+        if os.path.exists(path) and os.stat(path).st_ino == os.fstat(fd).st_ino:
+            break
+        os.close(fd)  # released and removed by its holder between our open and flock: take the new file
+    previous = _read_lock(fd)
+    if previous and previous.get("pid") != os.getpid():
+        log.warning("%s: taking over the lock of a run that is gone (pid %s on %s)", path, previous.get("pid"),
+                    previous.get("host"))
+    me = {"pid": os.getpid(), "host": socket.gethostname(), "started": _process_start(os.getpid()),
+          "since": time.strftime("%Y-%m-%d %H:%M:%S")}
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, json.dumps(me).encode(), 0)
+    os.fsync(fd)
+    return fd, None
+
+
+def _read_lock(fd: int) -> dict | None:
+    try:
+        body = json.loads(os.pread(fd, 4096, 0) or b"null")
+        return body if isinstance(body, dict) else None
+    except ValueError:
+        return None
+
+
+@contextlib.contextmanager
+def hold_run_dir(accelerator: Accelerator, run_dir: Path):
+    """Hold the run dir for this run (new runs and resumes alike): the main process locks <run dir>/run.lock and
+    every rank learns whether it did before any reads the folder. Two runs in one folder would mix their
+    checkpoints and metrics; the second is refused, naming the first. Released (and the file removed) when
+    the run ends; a run killed with -9 leaves a file whose lock the kernel has already released."""
+    path, fd, holder = Path(run_dir) / LOCK, None, None
+    if accelerator.is_main_process:
+        Path(run_dir).mkdir(parents=True, exist_ok=True)
+        fd, holder = _lock(path)
+    verdict = [holder]
+    if accelerator.num_processes > 1:
+        broadcast_object_list(verdict)
+    if verdict[0] is not None:
+        h = verdict[0]
+        raise ConfigError([
+            f"hydra.run.dir={run_dir} is in use by another run (pid {h.get('pid', '?')} on {h.get('host', '?')}, "
+            f"since {h.get('since', '?')}; lock {path}): two runs in one folder would mix their checkpoints and "
+            "metrics. Wait for it to end (then resume it with checkpoint.resume=latest), or leave hydra.run.dir "
+            "unset for a new folder"])
+    try:
+        yield
+    finally:
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                    path.unlink()
+            os.close(fd)
+
+
+# What a run leaves in its run dir (Hydra's own .hydra/ and <job>.log aside); those of them that show it trained.
 RUN_ARTIFACTS = ("config.yaml", "metrics.jsonl", "summary.json", "checkpoints", "model", "tokenizer")
 
 
+def _trained(run_dir: Path) -> list[str]:
+    """What in the folder shows that a run trained there (a run that failed before its first step, e.g. while
+    loading its model, leaves only config.yaml and tokenizer/: nothing to lose)."""
+    found = []
+    if (run_dir / "metrics.jsonl").is_file() and (run_dir / "metrics.jsonl").stat().st_size:
+        found.append("metrics.jsonl")
+    found += [n for n in ("summary.json", "model") if (run_dir / n).exists()]
+    if any((run_dir / "checkpoints").glob("step_*")):
+        found.append("checkpoints")
+    return found
+
+
 def check_run_dir(run_dir: Path, cfg: DictConfig, resume: Path | None) -> None:
-    """A new run never mixes with a previous one in the same folder, unless asked to."""
+    """A new run never mixes with a previous one in the same folder, unless asked to; a folder whose run never
+    trained is taken over."""
     found = [n for n in RUN_ARTIFACTS if (run_dir / n).exists()]
+    if found and not _trained(run_dir) and resume is None:
+        log.info("hydra.run.dir=%s holds only %s of a run that never trained: this run takes it over", run_dir,
+                 ", ".join(found))
+        found = []
     if cfg.checkpoint.resume == "latest" and resume is None:
         log.warning("checkpoint.resume=latest: no checkpoint in %s, so this run STARTS AFRESH from step 0%s",
                     run_dir, "" if found else " (a new run dir: to resume an earlier run, pass hydra.run.dir=<its "

@@ -86,9 +86,12 @@ def _json_safe(value: Any) -> Any:
 
 class Tracker:
     def __init__(self, accelerator: Accelerator, run_dir: Path, logger: str, project: str,
-                 hparams: dict[str, Any], total_steps: int, progress_bar: bool, history_until: int = 0):
+                 hparams: dict[str, Any], total_steps: int, progress_bar: bool, history_until: int = 0,
+                 evaluated: bool = True):
         """`history_until`: the step training starts from (a resumed checkpoint's, else 0): later entries
-        of an earlier metrics.jsonl belong to a replaced timeline (see `trim_history`)."""
+        of an earlier metrics.jsonl belong to a replaced timeline (see `trim_history`); `evaluated`: the
+        checkpoint holds that step's evaluation (else one logged at that step came after the save, and the
+        run does it again)."""
         self.accelerator = accelerator
         self.main = accelerator.is_main_process
         self.run_dir = run_dir
@@ -99,7 +102,7 @@ class Tracker:
                                                        for k, v in hparams.items()},
                                       init_kwargs=tracker_kwargs(logger, run_dir))
         if self.main:
-            trim_history(run_dir / "metrics.jsonl", history_until)
+            trim_history(run_dir / "metrics.jsonl", history_until, evaluated)
         self.jsonl = (run_dir / "metrics.jsonl").open("a") if self.main else None
         self.bar = tqdm(total=total_steps, desc="train", dynamic_ncols=True,
                         disable=not (self.main and progress_bar))
@@ -135,20 +138,25 @@ class Tracker:
 REPLACED = "metrics.replaced.jsonl"
 
 
-def trim_history(path: Path, step: int) -> int:
+def trim_history(path: Path, step: int, evaluated: bool = True) -> int:
     """Make metrics.jsonl the history of the run going on, starting from `step`: entries past it (logged
     before a crash, preemption or abandoned line, and about to be logged again) move to
     metrics.replaced.jsonl next to it, so nothing is lost; metrics.jsonl is replaced atomically. A torn
-    last line (a kill in the middle of a write) moves too. Returns the number of entries moved."""
+    last line (a kill in the middle of a write) moves too. `evaluated` false: an evaluation logged at `step`
+    itself came after the checkpoint (the end of an epoch, the end of training) and is about to be done
+    again: it moves too. Returns the number of entries moved."""
     if not path.is_file():
         return 0
     keep, moved = [], []
     for line in path.read_text().splitlines():
         try:
-            entry_step = json.loads(line)["step"]
+            entry = json.loads(line)
+            entry_step = entry["step"]
         except (ValueError, KeyError, TypeError):
-            entry_step = None
-        (keep if isinstance(entry_step, int) and entry_step <= step else moved).append(line + "\n")
+            entry, entry_step = {}, None
+        kept = isinstance(entry_step, int) and (entry_step < step or entry_step == step and (
+            evaluated or entry.get("event") != "eval"))
+        (keep if kept else moved).append(line + "\n")
     if not moved:
         return 0
     with (path.parent / REPLACED).open("a") as f:  # first: a kill between the two leaves a copy, not a loss

@@ -168,6 +168,7 @@ RANGES: list[tuple[str, Callable[[Any], bool], str]] = [
     ("task.max_eval_samples", lambda x: x is None or x >= 1, "null (all) or >= 1"),
     ("task.null_threshold", _finite, "a finite number"),
     ("task.max_misaligned_answers", lambda x: _finite(x) and 0 <= x <= 1, "a fraction in [0, 1]"),
+    ("task.max_empty_texts", lambda x: _finite(x) and 0 <= x <= 1, "a fraction in [0, 1]"),
     ("precision.hysteresis", lambda x: x >= 1, ">= 1"),
     ("precision.min_scale", lambda x: _finite(x) and x > 0, "> 0"),
     ("precision.static_scale", lambda x: x is None or (_finite(x) and x > 0), "null (dynamic) or > 0"),

@@ -5,6 +5,7 @@
 file:step_4.tmp/optimizer.bin    inside accelerator.save_state, right after that file was written
 renaming:step_6.tmp              complete and fsynced with its manifest, not yet renamed to step_6
 deleting:step_2                  rotation deleting step_2: renamed aside, one file already removed
+step:6                           right after training step 6 is logged (between saves)
 """
 
 import os
@@ -55,6 +56,17 @@ elif point == "deleting":
         real_remove(path)
 
     ck._remove = remove
+elif point == "step":
+    import ampft.tracking as tracking
+
+    real_log = tracking.Tracker.log
+
+    def log(self, event, step, values):
+        real_log(self, event, step, values)
+        if event == "train" and step == int(target):
+            die()
+
+    tracking.Tracker.log = log
 else:
     raise SystemExit(f"unknown point {point}")
 

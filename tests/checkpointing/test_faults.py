@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import pickle
+import re
 import shutil
 import signal
 import subprocess
@@ -16,6 +18,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
 from ampft import checkpointing
 from ampft.checkpointing import CheckpointError, checkpoints, manifest, resolve_resume, verify
@@ -103,9 +106,31 @@ def test_same_size_corruption_resumes_from_the_previous_checkpoint(saved, tmp_pa
     assert "does not match its sha256 checksum" in caplog.text
     assert f"resumed from {run_dir / 'checkpoints' / 'step_2'} at step 2" in caplog.text
     names = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
-    assert names == ["step_2", "step_4", "step_6"]  # no .tmp, no .deleting; the new step_4 replaced the bad one
+    assert names == ["line.json", "step_2", "step_4", "step_6"]  # no .tmp, no .deleting; the new step_4 replaced
+    # the bad one; line.json: where the resume started its line
     assert not verify(run_dir / "checkpoints" / "step_4")
     assert manifest(run_dir / "checkpoints" / "step_4")["parent"]["name"] == "step_2"
+
+
+def test_an_edited_manifest_is_never_trusted(saved, tmp_path, caplog):
+    """The manifest seals its own keys: a `seq` edited by hand (to make an old checkpoint look newest) or a
+    manifest from before the seal is skipped by `latest` and refused by path, naming why."""
+    run_dir = _copy(saved, tmp_path)
+    step_2, step_4 = run_dir / "checkpoints" / "step_2", run_dir / "checkpoints" / "step_4"
+    body = manifest(step_2)
+    body["seq"] = 99
+    (step_2 / "manifest.json").write_text(json.dumps(body))
+    assert verify(step_2) == ["manifest.json does not match its own manifest_sha256 (edited or corrupted after "
+                              "the save): its step, lineage and checksums cannot be trusted"]
+    assert checkpoints(run_dir) == [step_4]
+    with pytest.raises(CheckpointError, match="step_2 cannot be loaded: manifest.json does not match its own"):
+        resolve_resume(run_dir, str(step_2))
+    body = manifest(step_4)
+    del body["manifest_sha256"]
+    (step_4 / "manifest.json").write_text(json.dumps(body))
+    with caplog.at_level(logging.WARNING, logger="ampft.checkpointing"):
+        assert resolve_resume(run_dir, "latest") is None
+    assert "step_4: manifest.json has no manifest_sha256" in caplog.text and "step_2" in caplog.text
 
 
 # -- kill -9 inside a save, at each point ---------------------------------------------------------------
@@ -153,7 +178,7 @@ def test_kill_at_each_point_of_a_save_then_resume_matches_the_uninterrupted_run(
     assert got == ref  # bit for bit, as if never interrupted
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["eval"] == json.loads((tmp_path / "ref" / "summary.json").read_text())["eval"]
-    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_10", "step_12"]
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["line.json", "step_10", "step_12"]
     replaced = _entries(run_dir, "metrics.replaced.jsonl")  # what the killed runs logged past their checkpoint
     assert replaced and all(e["step"] > 2 for e in replaced)
 
@@ -198,6 +223,59 @@ def test_resume_from_an_earlier_step_then_preemption_keeps_the_new_line(saved, t
                         "checkpoint.resume=latest"), run_dir)
     assert summary["steps"] == 8
     assert [p.name for p in checkpoints(run_dir)] == ["step_6", "step_8"]
+
+
+def test_a_line_started_by_a_resume_goes_on_before_its_first_save(saved, tmp_path):
+    """The marker a resume writes when it starts decides the line going on until its first save; its first
+    save then continues from it (seq past the marker's)."""
+    run_dir = _copy(saved, tmp_path)
+    step_2, step_4 = run_dir / "checkpoints" / "step_2", run_dir / "checkpoints" / "step_4"
+    checkpointing.mark_line(run_dir, step_2, "r1")
+    assert checkpoints(run_dir) == [step_4, step_2] and resolve_resume(run_dir, "latest") == step_2
+    marker = json.loads((run_dir / "checkpoints" / "line.json").read_text())
+    assert marker["seq"] > manifest(step_4)["seq"] and marker["parent"]["name"] == "step_2"
+    checkpointing.mark_line(run_dir, None, "r2")  # a new run in the reused folder: nothing to resume yet
+    assert resolve_resume(run_dir, "latest") is None
+
+
+@pytest.mark.slow
+def test_a_kill_before_the_first_save_of_a_new_line_resumes_that_line(tmp_path):
+    """A run to step 10 (checkpoints 4 and 8), resumed from step_4 on another line (max_steps=12: another
+    schedule), killed with -9 at step 6, before that line's first save. The line going on is the one that
+    resume started: `latest` is step_4, not the abandoned line's step_8, and finishing it gives exactly the
+    losses of that line run without a kill, one history in metrics.jsonl (the killed run's lock is taken over)."""
+    args = [*TINY, "checkpoint.every=4", "checkpoint.keep_last=5", "trainer.log_every=1"]
+    run_dir, ref = tmp_path / "run", tmp_path / "ref"
+    first = _recipe(run_dir, *args, "trainer.max_steps=10")
+    assert first.wait() == 0, first.stdout.read()[-3000:]
+    shutil.copytree(run_dir, ref)
+    reference = _recipe(ref, *args, "trainer.max_steps=12", f"checkpoint.resume={ref / 'checkpoints' / 'step_4'}")
+    step_4 = run_dir / "checkpoints" / "step_4"
+    killed = _recipe(run_dir, *args, "trainer.max_steps=12", f"checkpoint.resume={step_4}", killer="step:6")
+    out, _ = killed.communicate()
+    assert killed.returncode == -signal.SIGKILL, out[-3000:]
+    assert [p.name for p in checkpoints(run_dir)] == ["step_8", "step_4"]  # step_8: off the line going on
+    assert resolve_resume(run_dir, "latest") == step_4
+    resumed = _recipe(run_dir, *args, "trainer.max_steps=12", "checkpoint.resume=latest")
+    out, _ = resumed.communicate()
+    assert resumed.returncode == 0, out[-3000:]
+    assert f"resumed from {step_4} at step 4" in out and "taking over the lock of a run that is gone" in out
+    ref_out, _ = reference.communicate()
+    assert reference.returncode == 0, ref_out[-3000:]
+    assert _losses(run_dir) == _losses(ref)
+    assert json.loads((run_dir / "summary.json").read_text())["eval"] == json.loads((ref / "summary.json").read_text())["eval"]
+
+
+@pytest.mark.parametrize("best", [[], ["checkpoint.keep_best=1"]])
+def test_resuming_at_an_epoch_end_logs_its_evaluation_once(tmp_path, best):
+    """160 examples, batch 16: 10 steps an epoch. A checkpoint at the epoch's last step, then the evaluation
+    (after the save; with keep_best, before it, at the save): resumed there, the run evaluates that step again
+    only when the checkpoint does not hold the evaluation; either way metrics.jsonl has each evaluation once."""
+    args = ["task.max_train_samples=160", "checkpoint.every=10", "trainer.log_every=5", *best]
+    run(_tiny("trainer.max_steps=10", *args), tmp_path)
+    run(_tiny("trainer.max_steps=20", *args, "checkpoint.resume=latest"), tmp_path)
+    assert [e["step"] for e in _entries(tmp_path) if e["event"] == "eval"] == [10, 20]
+    assert [e["step"] for e in _entries(tmp_path) if e["event"] == "train"] == [5, 10, 15, 20]
 
 
 def test_preemption_on_a_checkpoint_step_saves_it_once(tmp_path, monkeypatch):
@@ -266,7 +344,7 @@ def _plant(ckpt: Path, name: str, data: bytes) -> None:
     body = manifest(ckpt)
     body["files"][name] = len(data)
     body["sha256"][name] = checkpointing.digests(ckpt, [name])[name]
-    (ckpt / "manifest.json").write_text(json.dumps(body))
+    checkpointing.write_manifest(ckpt, body)  # resealed: the seal detects damage, not a deliberate rewrite
     assert not verify(ckpt)
 
 
@@ -304,20 +382,114 @@ def test_checkpoint_metric_loss_is_minimised_unless_told_otherwise():
         validate(compose_config("finetune", [*TINY, "checkpoint.metric=loss", "checkpoint.mode=max"]))
 
 
-def test_exploding_loss_stops_the_run_and_names_the_last_good_checkpoint(tmp_path):
-    """optim.lr=1e3: the loss explodes within a few steps; no checkpoint is written from those weights."""
+def _named_checkpoint(msg: str) -> Path:
+    found = re.search(r"checkpoint.resume=(\S+) checkpoint.allow_config_change=true", msg)
+    assert found, msg
+    return Path(found.group(1))
+
+
+def test_exploding_loss_stops_the_run_and_says_when_no_checkpoint_is_known_good(tmp_path):
+    """optim.lr=1e3: the loss explodes within a few steps. step_2 was written before its weights' loss was
+    seen (the checks run one update behind), and that loss exploded: no checkpoint is known good, and the
+    message does not pretend one is; nothing is written after the exploded losses."""
     with pytest.raises(TrainingDiverged) as err:
         run(_tiny("optim.lr=1e3", "trainer.max_steps=20", "trainer.log_every=2"), tmp_path)
     msg = str(err.value)
     assert "the loss exploded" in msg and "precision.max_loss_ratio=10" in msg
-    kept = checkpoints(tmp_path)
-    assert kept, "the first checkpoint (before the explosion) should exist"
-    assert f"The last checkpoint, {kept[-1]}" in msg
-    initial = json.loads((kept[-1] / "train_state.json").read_text())["initial_loss"]
-    assert all(manifest(p)["loss"] < 10 * initial for p in kept)
+    initial = json.loads((tmp_path / "checkpoints" / "step_2" / "train_state.json").read_text())["initial_loss"]
+    for p in checkpoints(tmp_path):  # each judged by the loss its own weights produced
+        health = manifest(p)["health"]
+        assert health["ok"] == (health["loss"] < 10 * initial), (p, health)
+    if not any(checkpointing.healthy(p) for p in checkpoints(tmp_path)):
+        assert "No checkpoint of this run is known good to go back to" in msg
+        assert "allow_config_change" not in msg  # no checkpoint to resume from is suggested
+        assert resolve_resume(tmp_path, "latest") is None
+    else:
+        assert checkpointing.healthy(_named_checkpoint(msg))
     assert not (tmp_path / "model").exists()
 
 
+@pytest.mark.parametrize("overrides", [
+    # The first update with lr 5e29 wrecks the weights: the checkpoint of that step gives NaN losses.
+    ["optim.lr=1e30", "scheduler.warmup_steps=2", "checkpoint.every=1"],
+    # lr 1.0 after warmup: a checkpoint is saved from weights whose own loss (seen one update later) explodes.
+    ["optim.lr=1.0", "scheduler.warmup_steps=8", "checkpoint.every=2"],
+])
+def test_divergence_never_names_a_checkpoint_whose_own_weights_diverged(tmp_path, overrides):
+    """The loss of a step is computed with the previous update's weights: the check runs one update behind the
+    save. The checkpoint named must be one whose own weights were checked: the loss they produced (logged at
+    the next step, log_every=1) is finite and within max_loss_ratio, and so is its validation loss evaluated on
+    its own. Newer checkpoints are marked diverged, `latest` skips them, and rotation (keep_last=1) keeps the
+    good one."""
+    with pytest.raises(TrainingDiverged) as err:
+        run(_tiny("trainer.max_steps=20", "trainer.log_every=1", "checkpoint.keep_last=1", *overrides), tmp_path)
+    msg = str(err.value)
+    named = _named_checkpoint(msg)
+    assert named.is_dir() and not verify(named)
+    step = manifest(named)["step"]
+    initial = json.loads((named / "train_state.json").read_text())["initial_loss"]
+    losses = _losses(tmp_path)
+    assert math.isfinite(losses[step + 1][0]) and losses[step + 1][0] <= 10 * initial, (step, losses)
+    from ampft.evaluation.saved import evaluate_saved
+
+    evaluated = evaluate_saved(OmegaConf.create(dict(run=None, checkpoint=str(named), split="validation", file=None,
+                                                     precision=None, batch_size=None, name=None)))
+    assert math.isfinite(evaluated["metrics"]["loss"]) and evaluated["metrics"]["loss"] <= 10 * initial
+    newer = [p for p in checkpoints(tmp_path) if manifest(p)["step"] > step]
+    assert newer and all(checkpointing.healthy(p) is False for p in newer)
+    assert "is marked diverged, and checkpoint.resume=latest skips it" in msg
+    assert resolve_resume(tmp_path, "latest") == named
+    with pytest.raises(CheckpointError, match="its weights diverged"):
+        resolve_resume(tmp_path, str(newer[-1]))
+
+
+def test_the_divergence_advice_works_a_new_lr_and_warmup_take_effect_on_resume(tmp_path):
+    """The message recommends resuming the named checkpoint with a lower optim.lr or more warmup and
+    checkpoint.allow_config_change=true: the resumed run must train with them (loading the checkpoint had put
+    back the old schedule). Its learning rates are transformers' schedule with the new base lr and warmup, step
+    for step, and it trains to the end."""
+    import torch
+    from transformers import get_scheduler
+
+    args = ["trainer.max_steps=20", "trainer.log_every=1", "checkpoint.every=2", "scheduler.warmup_steps=8"]
+    with pytest.raises(TrainingDiverged) as err:
+        run(_tiny(*args, "optim.lr=1.0"), tmp_path)
+    named = _named_checkpoint(str(err.value))
+    resumed_at = manifest(named)["step"]
+    summary = run(_tiny(*args, "optim.lr=1e-3", "scheduler.warmup_steps=12", f"checkpoint.resume={named}",
+                        "checkpoint.allow_config_change=true"), tmp_path)
+    assert summary["steps"] == 20
+    schedule = get_scheduler("linear", torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1e-3),
+                             num_warmup_steps=12, num_training_steps=20)
+    expected = {}
+    for step in range(1, 21):  # the lr an update used, logged at its step
+        expected[step] = schedule.get_last_lr()[0]
+        schedule.optimizer.step()
+        schedule.step()
+    logged = {e["step"]: e["lr"] for e in _entries(tmp_path) if e["event"] == "train"}
+    assert sorted(logged) == list(range(1, 21))
+    for step in range(resumed_at + 1, 21):
+        assert logged[step] == pytest.approx(expected[step], rel=1e-12), step
+
+
+def test_a_new_seed_cannot_take_effect_on_resume_and_is_refused(saved, tmp_path):
+    run_dir = _copy(saved, tmp_path)
+    with pytest.raises(CheckpointError, match=r"cannot take effect on a resume, not even with checkpoint.allow_config"
+                                              r"_change=true:\n  - trainer.seed: 42 -> 7: a resume goes on with"):
+        run(_tiny("trainer.max_steps=6", "trainer.seed=7", "checkpoint.resume=latest",
+                  "checkpoint.allow_config_change=true"), run_dir)
+
+
+def test_a_resume_from_another_run_dirs_checkpoint_writes_nothing_into_it(saved, tmp_path):
+    """The health verdict on the checkpoint resumed from is recorded only in this run dir's checkpoints: another
+    run's folder is not this run's to write."""
+    ckpt = saved / "checkpoints" / "step_4"
+    before = (ckpt / "manifest.json").read_bytes()
+    summary = run(_tiny("trainer.max_steps=6", f"checkpoint.resume={ckpt}", "checkpoint.export=false"),
+                  tmp_path / "other")
+    assert summary["steps"] == 6 and (ckpt / "manifest.json").read_bytes() == before
+
+
 def test_explosion_before_any_checkpoint_says_there_is_none(tmp_path):
-    with pytest.raises(TrainingDiverged, match="There is no checkpoint of this run to go back to"):
+    with pytest.raises(TrainingDiverged, match="No checkpoint of this run is known good to go back to"):
         run(_tiny("optim.lr=1e3", "trainer.max_steps=20", "trainer.log_every=2", "checkpoint.every=0"), tmp_path)

@@ -118,6 +118,93 @@ def test_resume_refuses_breaking_config_changes(tiny, tmp_path):
     assert summary["steps"] == 8
 
 
+def test_resume_on_another_number_of_processes_is_refused_unless_allowed(tiny, tmp_path):
+    """The checkpoint records the world size it was trained on; another one changes the global batch (and the
+    data each rank sees), so a resume refuses it like other exactness-breaking changes. The manifest is
+    rewritten as a 2-process run would have written it (resealed); tests/distributed resumes on 2 real ranks."""
+    from ampft.checkpointing import write_manifest
+
+    run(tiny("trainer.max_steps=4", "checkpoint.every=4"), tmp_path)
+    ckpt = tmp_path / "checkpoints" / "step_4"
+    assert manifest(ckpt)["world_size"] == 1
+    write_manifest(ckpt, {**manifest(ckpt), "world_size": 2})
+    with pytest.raises(CheckpointError, match=r"processes \(world size\): 2 -> 1, so the global batch: 32 -> 16 "
+                                              r"examples per update"):
+        run(tiny("trainer.max_steps=6", "checkpoint.resume=latest"), tmp_path)
+    summary = run(tiny("trainer.max_steps=6", "checkpoint.resume=latest", "checkpoint.allow_config_change=true"),
+                  tmp_path)
+    assert summary["steps"] == 6
+
+
+def test_an_allowed_new_batch_size_goes_on_after_the_examples_already_trained_on(tiny, tmp_path, caplog):
+    """8 steps of batch 16 have consumed 128 of the epoch's 640 examples; resumed with batch 32 (allowed), the
+    epoch goes on after those 128 (4 batches of 32), not after 8 batches of 32."""
+    run(tiny("trainer.max_steps=8", "checkpoint.every=8", "trainer.log_every=1"), tmp_path)
+    with caplog.at_level(logging.WARNING, logger="ampft.finetune"):
+        run(tiny("trainer.max_steps=10", "trainer.batch_size=32", "trainer.log_every=1", "checkpoint.resume=latest",
+                 "checkpoint.allow_config_change=true"), tmp_path)
+    assert "the epoch goes on after its 128 examples already trained on (16 per step before, 32 now)" in caplog.text
+    epochs = {json.loads(x)["step"]: json.loads(x)["epoch"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()
+              if '"train"' in x}
+    assert epochs[8] == 128 / 640 and epochs[9] == (128 + 32) / 640 and epochs[10] == (128 + 64) / 640
+
+
+def _write_tsv(path, rows):
+    path.write_text("sentence\tlabel\n" + "".join(f"{s}\t{y}\n" for s, y in rows))
+
+
+def test_training_data_changed_under_the_same_path_is_refused_on_resume(tmp_path):
+    """The checkpoint records the training file's content digest: a file rewritten in place (same path) between
+    the save and the resume is a change that breaks exactness; the same content under another path is not."""
+    from ampft.data.demo import demo_splits
+    from tests.helpers import compose_config
+
+    demo = demo_splits(200, 50)
+    rows = list(zip(demo["train"]["sentence"], demo["train"]["label"], strict=True))
+    train, dev = tmp_path / "train.tsv", tmp_path / "dev.tsv"
+    _write_tsv(train, rows)
+    _write_tsv(dev, zip(demo["validation"]["sentence"], demo["validation"]["label"], strict=True))
+
+    def cfg(*overrides, train_file=train):
+        return compose_config("finetune", [*TINY, "task=csv", f"task.train_file={train_file}",
+                                           f"task.validation_file={dev}", "task.metrics=[accuracy]", *overrides])
+
+    run_dir = tmp_path / "run"
+    run(cfg("trainer.max_steps=4", "checkpoint.every=4"), run_dir)
+    _write_tsv(train, rows[::-1])  # the same rows, another order: another run from here on
+    with pytest.raises(CheckpointError) as err:
+        run(cfg("trainer.max_steps=6", "checkpoint.resume=latest"), run_dir)
+    assert f"task.train_file={train}: its content is not what the checkpoint trained on" in str(err.value)
+    moved = tmp_path / "moved.tsv"
+    _write_tsv(moved, rows)  # the original content under another path: the same data
+    summary = run(cfg("trainer.max_steps=6", "checkpoint.resume=latest", train_file=moved), run_dir)
+    assert summary["steps"] == 6
+
+
+def test_allowed_optimizer_and_loss_scale_changes_take_effect_on_resume(tiny, tmp_path):
+    """Loading a checkpoint puts back the optimizer's settings and the fp16 loss scaler's; allowed changes to them
+    must be what the resumed run trains with."""
+    from ampft.finetune import build, reset_accelerate
+
+    run(tiny("precision=fp16", "trainer.max_steps=4", "checkpoint.every=4", "checkpoint.export=false"), tmp_path)
+    training, _, _ = build(tiny("precision=fp16", "trainer.max_steps=8", "optim.weight_decay=0.1",
+                                "optim.betas=[0.8,0.9]", "optim.eps=1e-6", "optim.lr=2e-3", "precision.init_scale=256",
+                                "precision.growth_interval=7", "checkpoint.resume=latest",
+                                "checkpoint.allow_config_change=true"), tmp_path)
+    try:
+        decay, no_decay = training.optimizer.param_groups
+        assert (decay["weight_decay"], no_decay["weight_decay"]) == (0.1, 0.0)
+        assert all(g["betas"] == (0.8, 0.9) and g["eps"] == 1e-6 and g["initial_lr"] == 2e-3 for g in (decay, no_decay))
+        sched = training.scheduler.scheduler
+        assert sched.base_lrs == [2e-3, 2e-3] and sched.last_epoch == 4
+        assert decay["lr"] == pytest.approx(2e-3 * sched.lr_lambdas[0](4), rel=1e-12)
+        scaler = training.accelerator.scaler
+        assert scaler.get_scale() == 256 and scaler.get_growth_interval() == 7
+    finally:
+        training.tracker.close()
+        reset_accelerate()
+
+
 def test_latest_skips_incomplete_and_corrupt_checkpoints(tiny, tmp_path, caplog):
     run(tiny("trainer.max_steps=6", "checkpoint.every=2", "checkpoint.keep_last=5", "trainer.log_every=1"), tmp_path)
     root = tmp_path / "checkpoints"

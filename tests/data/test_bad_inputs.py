@@ -246,6 +246,25 @@ def test_balanced_real_data_gives_no_label_warning(tmp_path, caplog):
     assert caplog.text == ""
 
 
+def test_labels_read_two_ways_are_an_error_unless_task_labels_says_how_they_map(tmp_path):
+    """Train labels are words, validation labels integers: never silently taken as ids into the sorted names
+    (which would flip every validation label here); an error naming both label sets and task.labels, and with
+    task.labels the integers are ids into it."""
+    train = _tsv(tmp_path / "train.tsv", ["sentence\tlabel", "much worse\tworse", "far better\tbetter",
+                                          "worse again\tworse", "better now\tbetter"])
+    dev = _tsv(tmp_path / "dev.tsv", ["sentence\tlabel", "bad\t0", "good\t1", "good too\t1"])
+    with pytest.raises(DataError) as err:
+        family_for("classification").load(_csv_task(train, dev, "task.metrics=[accuracy]"))
+    msg = str(err.value)
+    assert f"task.validation_file={dev}: labels [0, 1] in column 'label' are not the train split's label names " \
+           "['better', 'worse']" in msg
+    assert "task.labels=[better,worse] (then 0 = better, 1 = worse)" in msg
+    raw, labels = family_for("classification").load(_csv_task(train, dev, "task.metrics=[accuracy]",
+                                                              "task.labels=[worse,better]"))
+    assert labels == ["worse", "better"]
+    assert raw["validation"]["labels"] == [0, 1, 1] and raw["train"]["labels"] == [0, 1, 0, 1]
+
+
 @pytest.mark.parametrize(("cell", "what"), [("", "1 empty label(s) in column 'label', row(s) 3"),
                                             ("high", "has non-numbers (or nan/inf) ['high'] in row(s) 3"),
                                             ("nan", "has non-numbers (or nan/inf) ['nan'] in row(s) 3")])
@@ -318,6 +337,60 @@ def test_misaligned_answers_within_the_threshold_are_warned_about(tmp_path, capl
         raw, _ = family_for(task.family).load(task)
     assert len(raw["train"]) == 3
     assert "1 of 3 answered questions" in caplog.text and "['q2']" in caplog.text
+
+
+def test_squad_v1_questions_without_answers_are_counted_not_trained_as_no_answer_silently(tmp_path, caplog):
+    """SQuAD v1.1 has an answer for every question: `answers: []` would train "no answer". Past the threshold a
+    DataError naming the ids and task.version_2; within it a warning; under v2.0 they are its unanswerable
+    questions."""
+    doc = _squad([("q1", "Paris", 0), ("q2", "France", 24), ("q3", "Europe", 45)])
+    doc["data"][0]["paragraphs"][0]["qas"][1]["answers"] = []
+    path = tmp_path / "train.json"
+    path.write_text(json.dumps(doc))
+
+    def task(*overrides):
+        return compose_config("finetune", ["task=squad", f"task.train_file={path}", f"task.validation_file={path}",
+                                           *overrides]).task
+
+    with pytest.raises(DataError) as err:
+        family_for("question_answering").load(task())
+    msg = str(err.value)
+    assert f"task.train_file={path}: 1 of 3 questions have no answer (answers: [], ids ['q2'])" in msg
+    assert "task.version_2=true (task=squad_v2)" in msg and "task.max_misaligned_answers=0.01" in msg
+    with caplog.at_level(logging.WARNING):
+        raw, _ = family_for("question_answering").load(task("task.max_misaligned_answers=0.5"))
+    assert len(raw["train"]) == 3 and "1 of 3 questions have no answer" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        family_for("question_answering").load(task("task.version_2=true", "task.metrics=[squad_v2]"))
+    assert "no answer" not in caplog.text
+
+
+def test_empty_or_missing_texts_are_counted_warned_about_and_an_error_past_the_threshold(tmp_path, caplog):
+    """An empty sentence (or a JSON null) trains as the empty string: named with its rows, a warning within
+    task.max_empty_texts, a DataError past it; a QA question that is only spaces counts too."""
+    rows = [{"sentence": f"sentence {i}", "label": "pos" if i % 2 else "neg"} for i in range(200)]
+    rows[7]["sentence"] = None
+    train = tmp_path / "train.jsonl"
+    train.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    dev = _tsv(tmp_path / "dev.tsv", [*GOOD, " \tpos"])
+    with caplog.at_level(logging.WARNING), pytest.raises(DataError) as err:  # dev: 1 of 5 rows, past 0.01
+        load_raw(_csv_task(train, dev))
+    assert f"task.train_file={train}: 1 of 200 rows have an empty or missing text in text field(s) ['sentence'], " \
+           "row(s) 8; they would be trained and evaluated as the empty string (within task.max_empty_texts=0.01)" \
+           in caplog.text
+    assert f"task.validation_file={dev}: 1 of 5 rows have an empty or missing text" in str(err.value)
+    assert "row(s) 5 (file line = row + 1, after the header)" in str(err.value)
+    assert "task.max_empty_texts=0.01" in str(err.value)
+    assert len(load_raw(_csv_task(train, dev, "task.max_empty_texts=0.25"))["validation"]) == 5
+    doc = _squad([("q1", "Paris", 0), ("q2", "Europe", 45)])
+    doc["data"][0]["paragraphs"][0]["qas"][1]["question"] = "   "
+    path = tmp_path / "squad.json"
+    path.write_text(json.dumps(doc))
+    squad = compose_config("finetune", ["task=squad", f"task.train_file={path}", f"task.validation_file={path}"]).task
+    with pytest.raises(DataError, match=r"1 of 2 rows have an empty or missing text in question or context \(ids "
+                                        r"\['q2'\]\)"):
+        family_for("question_answering").load(squad)
 
 
 def test_official_squad_dev_subset_has_no_misaligned_answers(caplog):

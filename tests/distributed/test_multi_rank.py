@@ -271,6 +271,31 @@ def test_two_cpu_ranks_equal_one_process_through_sigkill_and_resume(tmp_path, on
 
 
 @pytest.mark.distributed
+def test_resuming_on_another_number_of_processes_is_refused_unless_allowed(tmp_path, one_process):
+    """One process's step-8 checkpoint resumed on two ranks: refused (the world size is recorded in the
+    checkpoint), naming the change; allowed, with the same global batch (2 x 4), it goes on as one process
+    did, loss for loss."""
+    import shutil
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(one_process, run_dir)
+    step_8 = run_dir / "checkpoints" / "step_8"
+    args = [*EXACT, "distributed=ddp", "nproc=2", "trainer.batch_size=4", f"checkpoint.resume={step_8}"]
+    refused = _make(*args, f"hydra.run.dir={run_dir}")
+    assert refused.returncode != 0
+    assert "processes (world size): 1 -> 2, so the global batch: 8 -> 8 examples per update" in refused.stderr
+    assert "trainer.batch_size: 8 -> 4" in refused.stderr
+    proc = _popen(run_dir, *args, "checkpoint.allow_config_change=true", "checkpoint.export=false")
+    assert proc.wait() == 0, _log(run_dir)
+    ref = {e["step"]: e for e in _events(one_process, "train")}
+    got = _events(run_dir, "train")
+    assert [e["step"] for e in got] == list(range(1, STEPS + 1))
+    for e in got[8:]:
+        assert e["loss"] == pytest.approx(ref[e["step"]]["loss"], abs=LOSS_TOL), e["step"]
+        assert e["epoch"] == pytest.approx(ref[e["step"]]["epoch"]), e["step"]
+
+
+@pytest.mark.distributed
 @pytest.mark.parametrize("backend", ["deepspeed-z2-offload", "deepspeed-z3-offload"])
 def test_offloaded_zero_equals_one_process(tmp_path, one_process, backend):
     """ZeRO-2/3 with the optimizer (and under ZeRO-3 the weights) in CPU memory: Accelerate swaps the AdamW for

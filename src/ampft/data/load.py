@@ -168,6 +168,20 @@ def _check_json(path: str, key: str) -> None:
                             "needs every column (a missing value would silently become null)")
 
 
+def check_empty_texts(empty: list, rows: int, task: DictConfig, where: str, what: str) -> None:
+    """Rows with an empty or missing text train (and score) as the empty string: a warning naming them, a
+    DataError past task.max_empty_texts of the split's rows (every task family that reads texts)."""
+    if not empty:
+        return
+    msg = (f"{where}: {len(empty)} of {rows} rows have an empty or missing text in {what}; they would be trained "
+           "and evaluated as the empty string")
+    if len(empty) > task.max_empty_texts * rows:
+        raise DataError(f"{msg}. That is more than task.max_empty_texts={task.max_empty_texts} of them: fill them "
+                        "in or remove those rows (or check task.text_fields), or raise task.max_empty_texts to use "
+                        "them as they are")
+    log.warning("%s (within task.max_empty_texts=%s)", msg, task.max_empty_texts)
+
+
 def _load_files(task: DictConfig, read_file: Callable[[str, str], Dataset]) -> DatasetDict:
     raw = DatasetDict(train=read_file(task.train_file, "train"), validation=read_file(task.validation_file, "validation"))
     for name, path in zip(extra_split_names(task), task.extra_validation_splits, strict=True):

@@ -13,7 +13,7 @@ from pathlib import Path
 from datasets import ClassLabel, DatasetDict
 from omegaconf import DictConfig
 
-from ampft.data.load import DataError, extra_split_names, load_file, load_splits, split_key
+from ampft.data.load import DataError, check_empty_texts, extra_split_names, load_file, load_splits, split_key
 
 log = logging.getLogger(__name__)
 
@@ -24,6 +24,11 @@ def load_raw(task: DictConfig) -> DatasetDict:
     raw = load_splits(task, lambda path, split: load_file(path, split, names))
     _check_columns(raw, task)
     check_labels(raw, task)
+    for split, ds in raw.items():
+        empty = [i for i, row in enumerate(zip(*(ds[f] for f in task.text_fields), strict=True))
+                 if any(_is_blank(t) for t in row)]
+        check_empty_texts(empty, len(ds), task, _where(task, split),
+                          f"text field(s) {list(task.text_fields)}, {_rows(task, split, empty)}")
     return raw
 
 
@@ -156,7 +161,12 @@ def positive_label(task: DictConfig, labels: list[str] | None) -> str | None:
 
 
 def encode_labels(raw: DatasetDict, task: DictConfig, labels: list[str] | None) -> DatasetDict:
-    """Add `labels`: ids into `labels` (by name, or integer ids already in range), floats for regression."""
+    """Add `labels`: ids into `labels` (by name; integers as ids only where task.labels says which name each id
+    stands for), floats for regression.
+
+    A split whose values are not the label names (the train split's sorted values when task.labels is unset) is
+    an error: train labels `worse`/`better` and validation labels `0`/`1` would otherwise be read as ids into the
+    sorted names, each meaning a guess."""
     col = task.label_column
     if labels is None:
         return raw.map(lambda b: {"labels": [float(v) for v in b[col]]}, batched=True)
@@ -167,12 +177,21 @@ def encode_labels(raw: DatasetDict, task: DictConfig, labels: list[str] | None) 
         values = set(ds.unique(col))
         if isinstance(feature, ClassLabel):
             values = {feature.int2str(v) for v in values if v >= 0} | {v for v in values if v < 0}
+        ids = all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < len(labels) for v in values)
         if {str(v) for v in values} <= set(label2id):
             def to_id(v, feature=feature):
                 return label2id[feature.int2str(v) if isinstance(feature, ClassLabel) else str(v)]
-        elif all(isinstance(v, int) and 0 <= v < len(labels) for v in values):
+        elif ids and task.labels is not None:  # ids into the label list the user gave
             def to_id(v):
                 return v
+        elif ids:
+            shown = ", ".join(f"{i} = {name}" for i, name in enumerate(labels))
+            raise DataError(
+                f"{_where(task, split)}: labels {sorted(values)[:10]} in column {col!r} are not the train split's "
+                f"label names {labels}, so it is not known which class each stands for. If they are ids, say the "
+                f"names in id order, e.g. task.labels=[{','.join(labels)}] (then {shown}); or write the same label "
+                "names in every split."
+            )
         else:
             in_range = all(isinstance(v, int) for v in values)
             unknown = sorted(str(v) for v in values

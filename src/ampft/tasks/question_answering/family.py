@@ -24,7 +24,7 @@ from omegaconf import DictConfig
 from torch.utils.data import DataLoader
 from transformers import AutoModelForQuestionAnswering, DataCollatorWithPadding, PreTrainedTokenizerBase
 
-from ampft.data.load import PREDICT, DataError, load_splits, split_key
+from ampft.data.load import PREDICT, DataError, check_empty_texts, load_splits, split_key
 from ampft.evaluation import predict
 from ampft.tasks.base import Family, column_names_unread, register
 from ampft.tasks.question_answering import squad
@@ -38,23 +38,41 @@ NEG = -1e4  # logits of positions past a feature (padding across ranks); never i
 EXAMPLE = ("Where did Apollo 11 land?", "Apollo 11 landed on the Moon in July 1969, and its crew returned safely.")
 
 
+def _ids(ids: list[str]) -> str:
+    return f"ids {ids[:5]}{', ...' if len(ids) > 5 else ''}"
+
+
 def check_answers(ds: Dataset, task: DictConfig, split: str) -> None:
-    """Answers whose answer_start does not point at their text would train (or score the loss of) "no answer":
-    a DataError past task.max_misaligned_answers (a fraction of the answered questions), a warning below."""
-    bad = squad.misaligned_answers(ds)
-    if not bad:
-        return
-    answered = sum(1 for a in ds["answers"] if a["text"])
+    """Questions that would train (or score the loss of) "no answer" without a word: answers whose answer_start
+    does not point at their text, and, in SQuAD v1.1 (task.version_2=false: every question has an answer),
+    questions without answers. A DataError past task.max_misaligned_answers (a fraction of the questions
+    concerned), a warning below. Empty questions and contexts: task.max_empty_texts."""
     path = {"train": task.train_file, "validation": task.validation_file}.get(split)
     where = f"{split_key(split)}={path}" if path and task.train_file else f"task={task.name}, {split} split"
-    msg = (f"{where}: {len(bad)} of {answered} answered questions have an answer_start that does not point at "
-           f"their answer text in the context (ids {bad[:5]}{', ...' if len(bad) > 5 else ''}); they would be "
-           "trained as \"no answer\"")
-    if len(bad) > task.max_misaligned_answers * answered:
-        raise DataError(f"{msg}. That is more than task.max_misaligned_answers={task.max_misaligned_answers} of "
-                        "them: fix answer_start (character offsets into the context, counted from 0), or raise "
-                        "task.max_misaligned_answers to train with them as they are")
-    log.warning("%s (within task.max_misaligned_answers=%s)", msg, task.max_misaligned_answers)
+    rows = ds.select_columns(["id", "question", "context", "answers"])
+    empty = [r["id"] for r in rows if not r["question"].strip() or not r["context"].strip()]
+    check_empty_texts(empty, len(ds), task, where, f"question or context ({_ids(empty)})")
+    found = []
+    bad = squad.misaligned_answers(ds)
+    if bad:
+        answered = sum(1 for a in ds["answers"] if a["text"])
+        found.append((bad, answered, f"{len(bad)} of {answered} answered questions have an answer_start that does "
+                                     f"not point at their answer text in the context ({_ids(bad)})",
+                      "fix answer_start (character offsets into the context, counted from 0)"))
+    if not task.version_2:
+        unanswered = [r["id"] for r in rows if not r["answers"]["text"]]
+        if unanswered:
+            found.append((unanswered, len(ds), f"{len(unanswered)} of {len(ds)} questions have no answer (answers: "
+                                               f"[], {_ids(unanswered)}), which SQuAD v1.1 (task.version_2=false) "
+                                               "does not have",
+                          "give them their answers, or use task.version_2=true (task=squad_v2) for a file with "
+                          "unanswerable questions"))
+    for ids, among, what, fix in found:
+        msg = f"{where}: {what}; they would be trained as \"no answer\""
+        if len(ids) > task.max_misaligned_answers * among:
+            raise DataError(f"{msg}. That is more than task.max_misaligned_answers={task.max_misaligned_answers} of "
+                            f"them: {fix}, or raise task.max_misaligned_answers to train with them as they are")
+        log.warning("%s (within task.max_misaligned_answers=%s)", msg, task.max_misaligned_answers)
 
 
 def window_losses(start_logits: torch.Tensor, end_logits: torch.Tensor, batch: dict) -> torch.Tensor:
