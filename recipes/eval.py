@@ -7,9 +7,10 @@ one (tests/e2e/test_exit_codes.py checks it); no recipe edits sys.path."""
 import hydra
 from omegaconf import DictConfig
 
-from ampft.errors import exit_on_error
+from ampft.errors import compose_errors, exit_on_error
 
 
+@compose_errors
 @hydra.main(version_base="1.3", config_path="../conf/evaluate", config_name="evaluate")
 @exit_on_error
 def main(e: DictConfig) -> None:

@@ -12,14 +12,17 @@
 | `TrainingDiverged`     | non-finite or exploding losses, collapsed fp16 scale    | 3         |
 | `Preempted`            | SIGTERM/SIGUSR1: checkpointed, resume later             | 75        |
 
-Every recipe's main function is wrapped by `exit_on_error`, the one place an error becomes an exit code.
+Every recipe's main function is wrapped by `exit_on_error`, the one place an error becomes an exit code; a
+recipe's `@hydra.main` entry by `compose_errors`, which does the same for the errors Hydra raises before the
+main function runs.
 Each class also keeps the builtin base it had (ValueError, RuntimeError, ImportError), so code that caught
-those still does. This module imports nothing from ampft: every other module may import it.
+those still does. This module imports nothing from ampft at import time: every other module may import it.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -39,9 +42,8 @@ class ConfigError(AmpftError, ValueError):
 
     def __init__(self, problems: list[str]):
         self.problems = problems
-        super().__init__(
-            f"{len(problems)} problem(s) in {self.what}:\n" + "\n".join(f"  - {p}" for p in problems)
-        )
+        listing = f" {problems[0]}" if len(problems) == 1 else "".join(f"\n  - {p}" for p in problems)
+        super().__init__(f"{len(problems)} problem(s) in {self.what}:{listing}")
 
 
 class BenchmarkConfigError(ConfigError):
@@ -92,9 +94,66 @@ def exit_on_error(main: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(main)
     def wrapped(*args: Any, **kwargs: Any) -> Any:
         try:
+            _check_hydra_overrides(args)
             return main(*args, **kwargs)
         except AmpftError as exc:
             print(f"{exc.label}: {exc}", file=sys.stderr, flush=True)
             sys.exit(exc.exit_code)
 
     return wrapped
+
+
+def _check_hydra_overrides(args: tuple[Any, ...]) -> None:
+    """Under `@hydra.main` (a composed config as the argument): the job's overrides, checked for keys and
+    options Hydra lets through although nothing reads them (`ampft.config.check_overrides`)."""
+    if "hydra" not in sys.modules or not args:
+        return
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import DictConfig
+
+    if isinstance(args[0], DictConfig) and HydraConfig.initialized():
+        from ampft.config import check_overrides
+
+        check_overrides(args[0], list(HydraConfig.get().overrides.task))
+
+
+_OURS = "AMPFT_HYDRA_FULL_ERROR"  # marks a HYDRA_FULL_ERROR=1 that compose_errors set (children inherit both)
+
+
+def compose_errors(entry: Callable[[], Any]) -> Callable[[], Any]:
+    """Wrap a recipe's `@hydra.main` entry (put it above the Hydra decorator): a config Hydra cannot compose (a
+    misspelt key, an option not in conf/<group>/, a value of the wrong type, an override it cannot parse) ends
+    as a ConfigError does, one `error:` line naming the key and what would work, exit 2, in a multirun too.
+    Hydra itself prints such errors and exits 1; it hands them up only under HYDRA_FULL_ERROR=1, so that is set
+    here (an error of the recipe's own then shows its full traceback, exit 1, as without). A user's own
+    HYDRA_FULL_ERROR=1 keeps Hydra's full traceback for compose errors too."""
+
+    @functools.wraps(entry)
+    def wrapped() -> Any:
+        if os.environ.get("HYDRA_FULL_ERROR") == "1" and os.environ.get(_OURS) != "1":
+            return entry()
+        os.environ.update({"HYDRA_FULL_ERROR": "1", _OURS: "1"})
+        try:
+            return entry()
+        except Exception as exc:
+            from ampft.config import compose_problem
+
+            problem = None if _raised_in_job(exc) else compose_problem(exc)
+            if problem is None:
+                raise
+            error = ConfigError([problem])
+            print(f"{error.label}: {error}", file=sys.stderr, flush=True)
+            sys.exit(error.exit_code)
+
+    return wrapped
+
+
+def _raised_in_job(exc: BaseException) -> bool:
+    """Whether the exception came from a job's own code (Hydra's `run_job` is on its traceback), not from
+    composing its config."""
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_name == "run_job" and "hydra" in tb.tb_frame.f_code.co_filename:
+            return True
+        tb = tb.tb_next
+    return False

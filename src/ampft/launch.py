@@ -28,13 +28,23 @@ RECIPE = "recipes/finetune.py"
 
 
 def compose(overrides: list[str]) -> DictConfig:
+    """The recipe's config, as `recipes/finetune.py` composes it; what Hydra cannot compose, or composes while
+    nothing reads it, is a ConfigError (as in the recipes: `ampft.errors.compose_errors`)."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    import ampft.config  # noqa: F401  (the schema)
+    from ampft.config import check_overrides, compose_problem
 
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        return hydra_compose(config_name="finetune", overrides=overrides)
+        try:
+            cfg = hydra_compose(config_name="finetune", overrides=overrides)
+        except Exception as exc:
+            problem = compose_problem(exc)
+            if problem is None:
+                raise
+            raise ConfigError([problem]) from None
+        check_overrides(cfg, overrides)
+        return cfg
 
 
 def run_dir_base(cfg: DictConfig) -> str:

@@ -115,3 +115,38 @@ def test_launcher_config_error_exits_2(tmp_path):
     proc = _run(["-m", "ampft.launch", *TINY, "trainer.batch_size=0", f"hydra.run.dir={tmp_path}"])
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "error: 1 problem(s) in the config" in proc.stderr and "trainer.batch_size=0" in proc.stderr
+
+
+# Compose errors: Hydra reports them itself and exits 1; every recipe (ampft.errors.compose_errors) and the
+# launcher make them a ConfigError, one line, exit 2. The messages of each kind: tests/config/test_compose.py.
+COMPOSE_ERRORS = [
+    (["recipes/finetune.py", "trainer.max_step=20"], "trainer.max_step: no such key; did you mean trainer.max_steps"),
+    (["recipes/finetune.py", "+trainer.max_step=3"], "+trainer.max_step=3: trainer.max_step is no key of the config"),
+    (["recipes/finetune.py", "-m", "+trainer.foo=1,2"], "+trainer.foo=1: trainer.foo is no key of the config"),
+    (["-m", "ampft.launch", "trainer.max_step=20"], "trainer.max_step: no such key; did you mean trainer.max_steps"),
+    (["-m", "ampft.launch", "+precison=bf16"], "+precison=bf16: precison is no key of the config"),
+    (["recipes/eval.py", "+fil=x.csv"], "+fil=x.csv: fil is no key of the config, nothing would read it; did you "
+                                        "mean file?"),
+    (["recipes/estimate.py", "precision=fp8"], "precision=fp8: no such option in conf/precision/; choose one of bf16, "
+                                               "fp16, fp32, tf32"),
+    (["recipes/estimate.py", "trainer.max_steps=abc"], "trainer.max_steps: Value 'abc' of type 'str' could not be "
+                                                       "converted to Integer"),
+    (["recipes/benchmark.py", "benchmark=nope"], "benchmark=nope: no such option in conf/benchmark/; choose one of"),
+    (["recipes/peer.py", "+peer.sedes=[1]"], "+peer.sedes=[1]: peer.sedes is no key of the config"),
+]
+
+
+@pytest.mark.parametrize(("args", "said"), COMPOSE_ERRORS, ids=lambda a: " ".join(a) if isinstance(a, list) else "")
+def test_a_config_hydra_cannot_compose_or_nothing_reads_exits_2_with_one_line(tmp_path, args, said):
+    proc = _run([*args, f"hydra.run.dir={tmp_path}", f"hydra.sweep.dir={tmp_path}"])
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert f"error: 1 problem(s) in the config: {said}" in proc.stderr
+    assert "Traceback" not in proc.stderr and len([x for x in proc.stderr.splitlines() if "error" in x]) == 1
+    assert not (tmp_path / "summary.json").exists() and not (tmp_path / "0" / "summary.json").exists()
+
+
+def test_a_key_the_schema_leaves_open_still_trains(tmp_path):
+    proc = _run(["recipes/finetune.py", *TINY, "trainer.max_steps=2", "+model.arch.hidden_dropout_prob=0.0",
+                 f"hydra.run.dir={tmp_path}"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "hidden_dropout_prob: 0.0" in (tmp_path / "config.yaml").read_text()
