@@ -9,13 +9,10 @@ every problem in one `ConfigError`.
 
 from __future__ import annotations
 
-import dataclasses
-import difflib
 import hashlib
 import os
 import secrets
 import socket
-import typing
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import Enum
@@ -362,99 +359,6 @@ def register_configs() -> None:
 
 
 register_configs()
-
-
-def _declared(node: DictConfig) -> list[str] | None:
-    """The keys a node's schema declares; None for a node of no schema (plain YAML)."""
-    kind = node._metadata.object_type
-    return [f.name for f in dataclasses.fields(kind)] if dataclasses.is_dataclass(kind) else None
-
-
-def _is_open(node: DictConfig) -> bool:
-    """A dict the schema types as `dict[str, ...]` (model.arch: transformers config kwargs): any key goes."""
-    ref = node._metadata.ref_type
-    return ref is dict or typing.get_origin(ref) is dict
-
-
-def _no_such_key(key: str, parent: DictConfig | None, given: str) -> str:
-    """`given: no such key`, with the closest keys of `key`'s parent (or, failing any, all of them)."""
-    where, _, name = key.rpartition(".")
-    keys = (_declared(parent) or [k for k in parent if k != name]) if parent is not None else []
-    keys = [k for k in keys if k != "hydra"]
-    close = difflib.get_close_matches(name, keys, n=3, cutoff=0.6)
-    full = [f"{where}.{k}" if where else k for k in close or keys]
-    hint = f"did you mean {' or '.join(full)}?" if close else f"the keys{' of ' + where if where else ''}: {', '.join(full)}"
-    what = "no such key" if given == key else f"{key} is no key of the config, nothing would read it"
-    return f"{given}: {what}; {hint}"
-
-
-def check_overrides(cfg: DictConfig, overrides: list[str]) -> None:
-    """Refuse what Hydra composes without a word while the run ignores it: a key added with `+`/`++` that no
-    schema declares (`+trainer.max_step=3`, `+precison=bf16`), and an option of an optional group that does not
-    exist (`experiment=nope`, which Hydra skips). Keys inside a dict the schema leaves open
-    (`+model.arch.hidden_dropout_prob=0.0`), deletions and Hydra's own `hydra.*` are left to Hydra. Call it
-    inside Hydra's context (a recipe's task function, or `initialize_config_dir`), with the overrides given."""
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    loader = GlobalHydra.instance().config_loader()
-    problems = []
-    for o in OverridesParser.create().parse_overrides(overrides):
-        key = o.key_or_group
-        if key.split(".")[0].split("/")[0] == "hydra" or o.is_delete():
-            continue
-        options = loader.get_group_options(key)
-        if options:  # a config group: its option must be a file of conf/<group>/
-            choice = o.value()
-            if isinstance(choice, str):
-                sub, _, name = choice.rpartition("/")
-                there = [f"{sub}/{x}" for x in loader.get_group_options(f"{key}/{sub}")] if sub else options
-                if choice not in there:
-                    problems.append(f"{o.input_line}: no such option in conf/{key}/; choose one of "
-                                    f"{', '.join(sorted(there or options))}")
-            continue
-        if not (o.is_add() or o.is_force_add()):
-            continue
-        node: Any = cfg
-        parts = key.split(".")
-        for i, part in enumerate(parts):
-            if not isinstance(node, DictConfig) or _is_open(node):
-                break
-            declared = _declared(node)
-            last = i == len(parts) - 1
-            if (declared is not None and part not in declared) or (declared is None and last and o.is_add()):
-                problems.append(_no_such_key(".".join(parts[:i + 1]), node, o.input_line))
-                break
-            node = node._get_node(part)
-    if problems:
-        raise ConfigError(problems)
-
-
-def compose_problem(exc: BaseException) -> str | None:
-    """A Hydra compose error as one problem line naming the key and what would work (the options in
-    conf/<group>/, an enum's values, the closest key names); None for any other exception."""
-    from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
-    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
-
-    def line(text: str) -> str:
-        return " ".join(text.split())
-
-    if isinstance(exc, MissingConfigException):
-        group, _, option = (exc.missing_cfg_file or "").rpartition("/")
-        if group and exc.options is not None:
-            return f"{group}={option}: no such option in conf/{group}/; choose one of {', '.join(exc.options)}"
-        return line(str(exc).split("Config search path")[0])
-    if isinstance(exc, OverrideParseException):
-        return (f"{exc.override}: not an override Hydra can parse ({exc.message.splitlines()[0]}); quote a "
-                "value with special characters, e.g. 'task.name=\"a b\"'")
-    cause = exc.__cause__
-    if isinstance(exc, ConfigCompositionException) and isinstance(cause, OmegaConfBaseException) and cause.full_key:
-        if isinstance(cause, (ConfigKeyError, ConfigAttributeError)):
-            return _no_such_key(cause.full_key, cause.parent_node, cause.full_key)
-        return f"{cause.full_key}: {line(str(cause.msg).splitlines()[0])}"
-    if isinstance(exc, ConfigCompositionException | ValueError):  # Hydra's own ValueErrors: e.g. `experiment=null`
-        return line(str(exc))
-    return None
 
 
 def to_plain(cfg: DictConfig) -> dict[str, Any]:

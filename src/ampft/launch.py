@@ -21,7 +21,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from ampft.config import run_stamp, to_plain
-from ampft.errors import ConfigError, exit_on_error
+from ampft.errors import ConfigError, check_overrides, compose_problem, exit_on_error
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = "recipes/finetune.py"
@@ -32,8 +32,6 @@ def compose(overrides: list[str]) -> DictConfig:
     nothing reads it, is a ConfigError (as in the recipes: `ampft.errors.compose_errors`)."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
-
-    from ampft.config import check_overrides, compose_problem
 
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         try:
