@@ -156,14 +156,26 @@ def clean(root: Path) -> None:
     for p in sorted(root.glob("step_*")):
         if p.is_dir() and not STEP_DIR.match(p.name) and p.suffix in (".tmp", ".deleting"):
             log.info("removing %s (left by an interrupted save or deletion)", p)
-            shutil.rmtree(p, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                _delete(p)
+
+
+def _delete(path: Path) -> None:
+    """Delete a checkpoint folder; a checkpoint that is a symbolic link (moved to another disk and linked back)
+    loses its link only: what it points to, perhaps outside the run dir, is never deleted."""
+    if path.is_symlink():
+        log.warning("removing the link %s; the checkpoint it points to, %s, is left as it is (delete it yourself "
+                    "if it is no longer wanted)", path, os.readlink(path))
+        path.unlink()
+    else:
+        shutil.rmtree(path)
 
 
 def _remove(path: Path) -> None:
     """Delete a checkpoint so that an interruption never leaves a half-deleted `step_N` behind."""
     aside = path.with_name(path.name + ".deleting")
     path.rename(aside)
-    shutil.rmtree(aside)
+    _delete(aside)
 
 
 def _next_seq(root: Path) -> int:
@@ -239,7 +251,7 @@ def save(accelerator: Accelerator, run_dir: Path, step: int, info: dict[str, Any
         tmp.rename(final)
         _fsync_dir(root)
         if replaced is not None:
-            shutil.rmtree(replaced)
+            _delete(replaced)
         for old in rotate(checkpoints(run_dir), keep_last, keep_best, mode):
             _remove(old)
         log.info("checkpoint saved: %s", final)

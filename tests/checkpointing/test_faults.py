@@ -216,6 +216,31 @@ def test_preemption_on_a_checkpoint_step_saves_it_once(tmp_path, monkeypatch):
     assert [p.name for p in checkpoints(tmp_path)] == ["step_2"]
 
 
+def test_symlinked_checkpoints_lose_their_link_only_when_rotated_or_replaced(saved, tmp_path, caplog):
+    """Checkpoints moved to another disk and linked back: the new line re-saves step_4 (the abandoned line's,
+    a link) and rotation drops step_2 (a link); each loses its link, what they point to stays whole."""
+    run_dir = _copy(saved, tmp_path)
+    elsewhere = tmp_path / "other-disk"
+    elsewhere.mkdir()
+    for name in ("step_2", "step_4"):
+        (run_dir / "checkpoints" / name).rename(elsewhere / name)
+        (run_dir / "checkpoints" / name).symlink_to(elsewhere / name, target_is_directory=True)
+    kept = {n: manifest(elsewhere / n) for n in ("step_2", "step_4")}
+    with caplog.at_level(logging.WARNING, logger="ampft.checkpointing"):
+        summary = run(_tiny("trainer.max_steps=6", "checkpoint.keep_last=2",
+                            f"checkpoint.resume={run_dir / 'checkpoints' / 'step_2'}"), run_dir)
+    assert summary["steps"] == 6
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_4", "step_6"]
+    assert not any(p.is_symlink() for p in (run_dir / "checkpoints").iterdir())  # step_4 is the new line's own
+    assert manifest(run_dir / "checkpoints" / "step_4")["parent"]["name"] == "step_2"
+    for name, body in kept.items():  # the targets: untouched, every byte
+        assert manifest(elsewhere / name) == body and not verify(elsewhere / name)
+    said = caplog.text
+    assert f"removing the link {run_dir / 'checkpoints' / 'step_2.deleting'}" in said
+    assert f"removing the link {run_dir / 'checkpoints' / 'step_4.deleting'}" in said
+    assert str(elsewhere / "step_2") in said and "is left as it is" in said
+
+
 # -- a full disk ---------------------------------------------------------------------------------------
 
 @pytest.fixture
