@@ -6,7 +6,8 @@
 | `BenchmarkConfigError` | the same in a benchmark or peer-benchmark config        | 2         |
 | `DataError`            | a data file or dataset is missing or malformed          | 2         |
 | `ModelLoadError`       | a model or tokenizer cannot be loaded (offline Hub, ...) | 2         |
-| `CheckpointError`      | a checkpoint cannot be resumed or is unsafe to load     | 2         |
+| `CheckpointError`      | a checkpoint cannot be resumed, loaded or written; the  | 2         |
+|                        | model cannot be exported (says where the weights are)   |           |
 | `EvaluationError`      | a saved run or checkpoint cannot be evaluated           | 2         |
 | `MissingExtraError`    | a feature needs an optional library not installed       | 2         |
 | `TrainingDiverged`     | non-finite or exploding losses, collapsed fp16 scale    | 3         |
@@ -64,7 +65,8 @@ class ModelLoadError(AmpftError, RuntimeError):
 
 
 class CheckpointError(AmpftError, RuntimeError):
-    """A checkpoint that cannot be resumed from (missing, changed config, unsafe content)."""
+    """A checkpoint that cannot be resumed from (missing, changed config, unsafe content), or a checkpoint or the
+    exported model that cannot be written (a full disk: the message says where the weights are kept)."""
 
 
 class EvaluationError(AmpftError, ValueError):
