@@ -88,7 +88,7 @@ class Preempted(AmpftError):
 
     exit_code = 75  # EX_TEMPFAIL: try again (resume with checkpoint.resume=latest)
     label = "preempted"
-    marker = "PREEMPTED"  # written into the run dir: `accelerate launch` exits 1 when its ranks exit 75
+    marker = "PREEMPTED"  # written into the run dir: make exits 2, `accelerate launch` 1, when the ranks exit 75
 
 
 def exit_on_error(main: Callable[..., Any]) -> Callable[..., Any]:
