@@ -20,21 +20,18 @@ from omegaconf import DictConfig  # noqa: E402
 
 import ampft.config  # noqa: E402, F401  (registers finetune_schema)
 import ampft.estimate.config  # noqa: E402, F401  (registers estimate_schema)
+from ampft.errors import compose_errors, exit_on_error  # noqa: E402
 
 
+@compose_errors
 @hydra.main(version_base="1.3", config_path="../conf", config_name="estimate")
+@exit_on_error
 def main(cfg: DictConfig) -> None:
-    from ampft.config import ConfigError
     from ampft.estimate import report
     from ampft.estimate.run import estimate
-    from ampft.models import ModelLoadError
 
     command = "make estimate " + " ".join(HydraConfig.get().overrides.task)
-    try:
-        result = estimate(cfg, command=command.strip())
-    except (ConfigError, ModelLoadError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(2)
+    result = estimate(cfg, command=command.strip())
     path = report.write(result, Path(HydraConfig.get().runtime.output_dir))
     print(report.console(result))
     print(f"report: {path}", flush=True)

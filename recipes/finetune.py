@@ -14,12 +14,13 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 import ampft.config  # noqa: F401  (registers the structured schema before composition)
-from ampft.errors import exit_on_error
+from ampft.errors import compose_errors, exit_on_error
 
 STARTED: float | None = time.perf_counter()  # the first job's wall time counts the imports; later jobs of a
 # multirun (-m) start at their own start
 
 
+@compose_errors
 @hydra.main(version_base="1.3", config_path="../conf", config_name="finetune")
 @exit_on_error
 def main(cfg: DictConfig) -> float:

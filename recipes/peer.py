@@ -14,9 +14,10 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 import ampft.benchmark.peer  # noqa: F401  (registers the peer schema before composition)
-from ampft.errors import exit_on_error
+from ampft.errors import compose_errors, exit_on_error
 
 
+@compose_errors
 @hydra.main(version_base="1.3", config_path="../conf", config_name="peer_recipe")
 @exit_on_error
 def main(cfg: DictConfig) -> None:

@@ -8,9 +8,10 @@ import hydra
 from omegaconf import DictConfig
 
 import ampft.config  # noqa: F401  (registers the structured schema before composition)
-from ampft.errors import exit_on_error
+from ampft.errors import compose_errors, exit_on_error
 
 
+@compose_errors
 @hydra.main(version_base="1.3", config_path="../conf/predict", config_name="predict")
 @exit_on_error
 def main(e: DictConfig) -> None:

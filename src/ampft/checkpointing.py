@@ -33,6 +33,7 @@ import os
 import pickle
 import re
 import shutil
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -308,14 +309,26 @@ def clean(root: Path) -> None:
     for p in sorted(root.glob("step_*")):
         if p.is_dir() and not STEP_DIR.match(p.name) and p.suffix in (".tmp", ".deleting"):
             log.info("removing %s (left by an interrupted save or deletion)", p)
-            shutil.rmtree(p, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                _delete(p)
+
+
+def _delete(path: Path) -> None:
+    """Delete a checkpoint folder; a checkpoint that is a symbolic link (moved to another disk and linked back)
+    loses its link only: what it points to, perhaps outside the run dir, is never deleted."""
+    if path.is_symlink():
+        log.warning("removing the link %s; the checkpoint it points to, %s, is left as it is (delete it yourself "
+                    "if it is no longer wanted)", path, os.readlink(path))
+        path.unlink()
+    else:
+        shutil.rmtree(path)
 
 
 def _remove(path: Path) -> None:
     """Delete a checkpoint so that an interruption never leaves a half-deleted `step_N` behind."""
     aside = path.with_name(path.name + ".deleting")
     path.rename(aside)
-    shutil.rmtree(aside)
+    _delete(aside)
 
 
 def _next_seq(root: Path) -> int:
@@ -388,7 +401,7 @@ def save(accelerator: Accelerator, run_dir: Path, step: int, info: dict[str, Any
         tmp.rename(final)
         _fsync_dir(root)
         if replaced is not None:
-            shutil.rmtree(replaced)
+            _delete(replaced)
         off, line = lines(run_dir)
         for old in rotate(off + line, keep_last, keep_best, mode, line, run_id):
             _remove(old)
@@ -590,8 +603,11 @@ def check_config(path: Path, current: dict[str, Any], allow: bool, world_size: i
     )
 
 
-def export(accelerator: Accelerator, model, tokenizer, out_dir: Path, config: dict[str, Any], card: str) -> None:
-    """A Hugging Face model folder: safetensors weights, config, tokenizer, the ampft config, a model card."""
+def export(accelerator: Accelerator, model, tokenizer, out_dir: Path, config: dict[str, Any], card: str,
+           step: int, source: Path | None = None) -> None:
+    """A Hugging Face model folder: safetensors weights, config, tokenizer, the ampft config, a model card.
+    `step`: the step of the weights; `source`: the checkpoint they were restored from, if any. A write that
+    fails (a full disk) keeps the weights elsewhere where it can (`_export_failed`) and is a CheckpointError."""
     accelerator.wait_for_everyone()
     if is_compiled_module(model):  # torch.compile's wrapper would prefix every key with `_orig_mod.`
         model = model._orig_mod
@@ -603,9 +619,52 @@ def export(accelerator: Accelerator, model, tokenizer, out_dir: Path, config: di
             odd = sorted(set(state_dict) ^ expected)
             raise RuntimeError(f"the export's weights are not the model's, key for key ({len(odd)} differ, e.g. "
                                f"{odd[:3]}): not writing {out_dir}")
-        unwrapped.save_pretrained(out_dir, state_dict=state_dict, safe_serialization=True)
-        tokenizer.save_pretrained(out_dir)
-        (out_dir / "ampft_config.yaml").write_text(OmegaConf.to_yaml(config))
-        (out_dir / "README.md").write_text(card)
+
+        def write(folder: Path) -> None:  # save_pretrained empties the dict it is given: a copy each time
+            unwrapped.save_pretrained(folder, state_dict=dict(state_dict), safe_serialization=True)
+            tokenizer.save_pretrained(folder)
+            (folder / "ampft_config.yaml").write_text(OmegaConf.to_yaml(config))
+            (folder / "README.md").write_text(card)
+
+        try:
+            write(out_dir)
+        except Exception as exc:  # safetensors reports a full disk as a SafetensorError, not an OSError
+            need = sum(t.numel() * t.element_size() for t in state_dict.values())
+            raise _export_failed(exc, write, Path(out_dir), need, step, source) from exc
         log.info("model exported to %s", out_dir)
     accelerator.wait_for_everyone()
+
+
+def _export_failed(exc: Exception, write, out_dir: Path, need: int, step: int, source: Path | None) -> CheckpointError:
+    """The export could not be written: remove the partial folder (never mistaken for a model), keep the
+    weights where possible (the checkpoint they came from; else a folder under $TMPDIR with room for them),
+    and say where they are, or that none of the run's weights survive."""
+    shutil.rmtree(out_dir, ignore_errors=True)
+    run_dir = out_dir.parent
+    free = shutil.disk_usage(run_dir).free
+    full = getattr(exc, "errno", None) == errno.ENOSPC or "No space left" in str(exc) or "StorageFull" in str(exc)
+    if source is not None:
+        kept = f"These weights are checkpoint {source}'s, which is intact: nothing is lost."
+    else:
+        rescue = Path(tempfile.gettempdir()) / f"ampft-rescued-{run_dir.name}-step_{step}"
+        kept = None
+        if shutil.disk_usage(rescue.parent).free > need + 64 * 2**20:
+            try:
+                write(rescue)
+                kept = (f"The trained weights (step {step}) are saved in {rescue} instead, as the exported model "
+                        f"folder: move it to {out_dir} once there is room ($TMPDIR chooses where this goes).")
+            except Exception as again:
+                shutil.rmtree(rescue, ignore_errors=True)
+                log.warning("could not keep the weights in %s either: %s", rescue, again)
+        if kept is None:
+            found = checkpoints(run_dir)
+            kept = (f"The final weights (step {step}) could not be kept anywhere; the newest checkpoint, "
+                    f"{found[-1]} (step {manifest(found[-1])['step']}), is intact." if found else
+                    f"No checkpoint of this run exists and no other disk had room: the trained weights (step "
+                    f"{step}) are lost (checkpoint.every=N saves them as training goes).")
+    return CheckpointError(
+        f"could not export the model to {out_dir}: {type(exc).__name__}: {exc}\n"
+        f"  free space there: {free / 2**20:.1f} MiB; the model's weights need about {need / 2**20:.1f} MiB"
+        + (" (the disk is full)" if full else "") + f".\n  {kept}\n  Free some space in {run_dir} (or give "
+        "hydra.run.dir= on a disk with room for the next run)."
+    )

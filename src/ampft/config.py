@@ -303,7 +303,8 @@ class CheckpointConfig:
 @dataclass
 class LoggingConfig:
     name: LoggerName = LoggerName.tensorboard
-    # The tracker's project (wandb, mlflow); for tensorboard the folder under the run dir (<run dir>/tensorboard).
+    # The tracker's project (wandb, mlflow); for tensorboard the folder under the run dir (<run dir>/tensorboard),
+    # which must stay inside it (a relative path without '..').
     project: str = "tensorboard"
 
 

@@ -6,22 +6,29 @@
 | `BenchmarkConfigError` | the same in a benchmark or peer-benchmark config        | 2         |
 | `DataError`            | a data file or dataset is missing or malformed          | 2         |
 | `ModelLoadError`       | a model or tokenizer cannot be loaded (offline Hub, ...) | 2         |
-| `CheckpointError`      | a checkpoint cannot be resumed or is unsafe to load     | 2         |
+| `CheckpointError`      | a checkpoint cannot be resumed, loaded or written; the  | 2         |
+|                        | model cannot be exported (says where the weights are)   |           |
 | `EvaluationError`      | a saved run or checkpoint cannot be evaluated           | 2         |
 | `MissingExtraError`    | a feature needs an optional library not installed       | 2         |
 | `TrainingDiverged`     | non-finite or exploding losses, collapsed fp16 scale    | 3         |
 | `Preempted`            | SIGTERM/SIGUSR1: checkpointed, resume later             | 75        |
 
 Every recipe's main function is wrapped by `exit_on_error`, the one place an error becomes an exit code (in a
-multirun recorded by `ampft.sweep`, the sweep's: each job's error is recorded there and the sweep goes on).
+multirun recorded by `ampft.sweep`, the sweep's: each job's error is recorded there and the sweep goes on); a
+recipe's `@hydra.main` entry by `compose_errors`, which does the same for the errors Hydra raises before the
+main function runs.
 Each class also keeps the builtin base it had (ValueError, RuntimeError, ImportError), so code that caught
 those still does. This module imports nothing from ampft: every other module may import it.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import functools
+import os
 import sys
+import typing
 from collections.abc import Callable
 from typing import Any
 
@@ -40,9 +47,8 @@ class ConfigError(AmpftError, ValueError):
 
     def __init__(self, problems: list[str]):
         self.problems = problems
-        super().__init__(
-            f"{len(problems)} problem(s) in {self.what}:\n" + "\n".join(f"  - {p}" for p in problems)
-        )
+        listing = f" {problems[0]}" if len(problems) == 1 else "".join(f"\n  - {p}" for p in problems)
+        super().__init__(f"{len(problems)} problem(s) in {self.what}:{listing}")
 
 
 class BenchmarkConfigError(ConfigError):
@@ -60,7 +66,8 @@ class ModelLoadError(AmpftError, RuntimeError):
 
 
 class CheckpointError(AmpftError, RuntimeError):
-    """A checkpoint that cannot be resumed from (missing, changed config, unsafe content)."""
+    """A checkpoint that cannot be resumed from (missing, changed config, unsafe content), or a checkpoint or the
+    exported model that cannot be written (a full disk: the message says where the weights are kept)."""
 
 
 class EvaluationError(AmpftError, ValueError):
@@ -82,7 +89,7 @@ class Preempted(AmpftError):
 
     exit_code = 75  # EX_TEMPFAIL: try again (resume with checkpoint.resume=latest)
     label = "preempted"
-    marker = "PREEMPTED"  # written into the run dir: `accelerate launch` exits 1 when its ranks exit 75
+    marker = "PREEMPTED"  # written into the run dir: make exits 2, `accelerate launch` 1, when the ranks exit 75
 
 
 SWEEP_RECORDER = "ampft.sweep.SweepSummary"  # the Hydra callback that records a multirun's failed jobs
@@ -112,6 +119,7 @@ def exit_on_error(main: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(main)
     def wrapped(*args: Any, **kwargs: Any) -> Any:
         try:
+            _check_hydra_overrides(args)
             return main(*args, **kwargs)
         except AmpftError as exc:
             print(f"{exc.label}: {exc}", file=sys.stderr, flush=True)
@@ -120,3 +128,149 @@ def exit_on_error(main: Callable[..., Any]) -> Callable[..., Any]:
             sys.exit(exc.exit_code)
 
     return wrapped
+
+
+def _check_hydra_overrides(args: tuple[Any, ...]) -> None:
+    """Under `@hydra.main` (a composed config as the argument): the job's overrides, checked for keys and
+    options Hydra lets through although nothing reads them (`check_overrides`)."""
+    if "hydra" not in sys.modules or not args:
+        return
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import DictConfig
+
+    if isinstance(args[0], DictConfig) and HydraConfig.initialized():
+        check_overrides(args[0], list(HydraConfig.get().overrides.task))
+
+
+_OURS = "AMPFT_HYDRA_FULL_ERROR"  # marks a HYDRA_FULL_ERROR=1 that compose_errors set (children inherit both)
+
+
+def compose_errors(entry: Callable[[], Any]) -> Callable[[], Any]:
+    """Wrap a recipe's `@hydra.main` entry (put it above the Hydra decorator): a config Hydra cannot compose (a
+    misspelt key, an option not in conf/<group>/, a value of the wrong type, an override it cannot parse) ends
+    as a ConfigError does, one `error:` line naming the key and what would work, exit 2, in a multirun too.
+    Hydra itself prints such errors and exits 1; it hands them up only under HYDRA_FULL_ERROR=1, so that is set
+    here (an error of the recipe's own then shows its full traceback, exit 1, as without). A user's own
+    HYDRA_FULL_ERROR=1 keeps Hydra's full traceback for compose errors too."""
+
+    @functools.wraps(entry)
+    def wrapped() -> Any:
+        if os.environ.get("HYDRA_FULL_ERROR") == "1" and os.environ.get(_OURS) != "1":
+            return entry()
+        os.environ.update({"HYDRA_FULL_ERROR": "1", _OURS: "1"})
+        try:
+            return entry()
+        except Exception as exc:
+            problem = None if _raised_in_job(exc) else compose_problem(exc)
+            if problem is None:
+                raise
+            error = ConfigError([problem])
+            print(f"{error.label}: {error}", file=sys.stderr, flush=True)
+            sys.exit(error.exit_code)
+
+    return wrapped
+
+
+def _raised_in_job(exc: BaseException) -> bool:
+    """Whether the exception came from a job's own code (Hydra's `run_job` is on its traceback), not from
+    composing its config."""
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_name == "run_job" and "hydra" in tb.tb_frame.f_code.co_filename:
+            return True
+        tb = tb.tb_next
+    return False
+
+
+def _declared(node: Any) -> list[str] | None:
+    """The keys a node's schema declares; None for a node of no schema (plain YAML)."""
+    kind = node._metadata.object_type
+    return [f.name for f in dataclasses.fields(kind)] if dataclasses.is_dataclass(kind) else None
+
+
+def _is_open(node: Any) -> bool:
+    """A dict the schema types as `dict[str, ...]` (model.arch: transformers config kwargs): any key goes."""
+    ref = node._metadata.ref_type
+    return ref is dict or typing.get_origin(ref) is dict
+
+
+def _no_such_key(key: str, parent: Any | None, given: str) -> str:
+    """`given: no such key`, with the closest keys of `key`'s parent (or, failing any, all of them)."""
+    where, _, name = key.rpartition(".")
+    keys = (_declared(parent) or [k for k in parent if k != name]) if parent is not None else []
+    keys = [k for k in keys if k != "hydra"]
+    close = difflib.get_close_matches(name, keys, n=3, cutoff=0.6)
+    full = [f"{where}.{k}" if where else k for k in close or keys]
+    hint = f"did you mean {' or '.join(full)}?" if close else f"the keys{' of ' + where if where else ''}: {', '.join(full)}"
+    what = "no such key" if given == key else f"{key} is no key of the config, nothing would read it"
+    return f"{given}: {what}; {hint}"
+
+
+def check_overrides(cfg: Any, overrides: list[str]) -> None:
+    """Refuse what Hydra composes without a word while the run ignores it: a key added with `+`/`++` that no
+    schema declares (`+trainer.max_step=3`, `+precison=bf16`), and an option of an optional group that does not
+    exist (`experiment=nope`, which Hydra skips). Keys inside a dict the schema leaves open
+    (`+model.arch.hidden_dropout_prob=0.0`), deletions and Hydra's own `hydra.*` are left to Hydra. Call it
+    inside Hydra's context (a recipe's task function, or `initialize_config_dir`), with the overrides given."""
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import DictConfig
+
+    loader = GlobalHydra.instance().config_loader()
+    problems = []
+    for o in OverridesParser.create().parse_overrides(overrides):
+        key = o.key_or_group
+        if key.split(".")[0].split("/")[0] == "hydra" or o.is_delete():
+            continue
+        options = loader.get_group_options(key)
+        if options:  # a config group: its option must be a file of conf/<group>/
+            choice = o.value()
+            if isinstance(choice, str):
+                sub, _, name = choice.rpartition("/")
+                there = [f"{sub}/{x}" for x in loader.get_group_options(f"{key}/{sub}")] if sub else options
+                if choice not in there:
+                    problems.append(f"{o.input_line}: no such option in conf/{key}/; choose one of "
+                                    f"{', '.join(sorted(there or options))}")
+            continue
+        if not (o.is_add() or o.is_force_add()):
+            continue
+        node = cfg
+        parts = key.split(".")
+        for i, part in enumerate(parts):
+            if not isinstance(node, DictConfig) or _is_open(node):
+                break
+            declared = _declared(node)
+            last = i == len(parts) - 1
+            if (declared is not None and part not in declared) or (declared is None and last and o.is_add()):
+                problems.append(_no_such_key(".".join(parts[:i + 1]), node, o.input_line))
+                break
+            node = node._get_node(part)
+    if problems:
+        raise ConfigError(problems)
+
+
+def compose_problem(exc: BaseException) -> str | None:
+    """A Hydra compose error as one problem line naming the key and what would work (the options in
+    conf/<group>/, an enum's values, the closest key names); None for any other exception."""
+    from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
+
+    def line(text: str) -> str:
+        return " ".join(text.split())
+
+    if isinstance(exc, MissingConfigException):
+        group, _, option = (exc.missing_cfg_file or "").rpartition("/")
+        if group and exc.options is not None:
+            return f"{group}={option}: no such option in conf/{group}/; choose one of {', '.join(exc.options)}"
+        return line(str(exc).split("Config search path")[0])
+    if isinstance(exc, OverrideParseException):
+        return (f"{exc.override}: not an override Hydra can parse ({exc.message.splitlines()[0]}); quote a "
+                "value with special characters, e.g. 'task.name=\"a b\"'")
+    cause = exc.__cause__
+    if isinstance(exc, ConfigCompositionException) and isinstance(cause, OmegaConfBaseException) and cause.full_key:
+        if isinstance(cause, (ConfigKeyError, ConfigAttributeError)):
+            return _no_such_key(cause.full_key, cause.parent_node, cause.full_key)
+        return f"{cause.full_key}: {line(str(cause.msg).splitlines()[0])}"
+    if isinstance(exc, ConfigCompositionException | ValueError):  # Hydra's own ValueErrors: e.g. `experiment=null`
+        return line(str(exc))
+    return None

@@ -503,7 +503,7 @@ def export_model(training: Training, tokenizer: PreTrainedTokenizerBase, summary
         raise TrainingDiverged("the final weights are not finite: not exporting them")
     summary["export_dir"] = str(run_dir / "model")
     checkpointing.export(accelerator, model, tokenizer, run_dir / "model", to_plain(training.cfg),
-                         model_card(summary, training.cfg, training.family))
+                         model_card(summary, training.cfg, training.family), step=training.state.step, source=best)
 
 
 def _positive_label(cfg: DictConfig, family: tasks.Family, model) -> str | None:

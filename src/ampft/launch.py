@@ -1,5 +1,6 @@
 """`make finetune` goes through here: one process runs the recipe directly, several go through
-`accelerate launch` with a config file from conf/accelerate/ and the Hydra overrides passed through.
+`accelerate launch` with a config file from conf/accelerate/ and the Hydra overrides passed through (run by
+`python -m ampft.launch --accelerate`, which ends with the ranks' exit code where `accelerate launch` gives 1).
 
     python -m ampft.launch [--dry-run] [hydra overrides ...]
 
@@ -16,25 +17,35 @@ from __future__ import annotations
 import os
 import shlex
 import sys
+import time
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
 from ampft.config import run_stamp, to_plain
-from ampft.errors import ConfigError, exit_on_error
+from ampft.errors import ConfigError, check_overrides, compose_problem, exit_on_error
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = "recipes/finetune.py"
+ACCELERATE = "--accelerate"  # `python -m ampft.launch --accelerate ARGS`: `accelerate launch ARGS` keeping the ranks' code
 
 
 def compose(overrides: list[str]) -> DictConfig:
+    """The recipe's config, as `recipes/finetune.py` composes it; what Hydra cannot compose, or composes while
+    nothing reads it, is a ConfigError (as in the recipes: `ampft.errors.compose_errors`)."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    import ampft.config  # noqa: F401  (the schema)
-
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        return hydra_compose(config_name="finetune", overrides=overrides)
+        try:
+            cfg = hydra_compose(config_name="finetune", overrides=overrides)
+        except Exception as exc:
+            problem = compose_problem(exc)
+            if problem is None:
+                raise
+            raise ConfigError([problem]) from None
+        check_overrides(cfg, overrides)
+        return cfg
 
 
 def run_dir_base(cfg: DictConfig) -> str:
@@ -93,7 +104,7 @@ def commands(cfg: DictConfig, overrides: list[str], create: bool = True) -> tupl
     run_dir = _run_dir(cfg, overrides, create)  # after every refusal: no empty folder left behind
     cmds = []
     for rank in range(d.num_machines):
-        cmd = [sys.executable, "-m", "accelerate.commands.launch",
+        cmd = [sys.executable, "-m", "ampft.launch", ACCELERATE,
                "--config_file", str(Path("conf/accelerate") / (d.accelerate_config or "ddp.yaml")),
                "--num_processes", str(d.num_processes * d.num_machines),
                "--num_machines", str(d.num_machines), "--machine_rank", str(rank)]
@@ -103,7 +114,44 @@ def commands(cfg: DictConfig, overrides: list[str], create: bool = True) -> tupl
     return cmds, env
 
 
+def accelerate_launch(argv: list[str]) -> None:
+    """`accelerate launch ARGV` in this process, ending with the code the ranks ended with. torch's launcher
+    reports failed ranks as a ChildFailedError, which `accelerate launch` turns into exit code 1 (after a
+    traceback); here the earliest rank that exited with one of ampft's codes (2, 3, 75) gives the code, one line
+    lists every rank's. A launcher stopped by a signal (SIGTERM, SIGUSR1 under SLURM) exits 75 when its ranks
+    checkpointed and wrote the run dir's PREEMPTED marker in the meantime, else as accelerate does (128 + it)."""
+    from accelerate.commands.launch import launch_command, launch_command_parser
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    from ampft.errors import AmpftError, Preempted
+
+    started = time.time()
+    ours = {c.exit_code for c in _subclasses(AmpftError)}
+    try:
+        launch_command(launch_command_parser().parse_args(argv))
+        return
+    except ChildFailedError as exc:
+        failures = sorted(exc.failures.items(), key=lambda kv: kv[1].timestamp)
+        print("ranks ended with: " + ", ".join(f"rank {r}: {f.exitcode}" for r, f in failures)
+              + " (negative: killed by that signal)", file=sys.stderr, flush=True)
+        code = next((f.exitcode for _, f in failures if f.exitcode in ours), 1)
+    except SystemExit as exc:  # accelerate's own ends: a signal to the launcher, 128 + its number
+        code = exc.code if isinstance(exc.code, int) else 1
+    dirs = [a.split("=", 1)[1] for a in argv if a.startswith("hydra.run.dir=")]
+    marker = Path(dirs[-1]) / Preempted.marker if dirs else None
+    if code not in (0, Preempted.exit_code) and marker is not None and marker.is_file() \
+            and marker.stat().st_mtime >= started:
+        code = Preempted.exit_code
+    sys.exit(code)
+
+
+def _subclasses(cls: type) -> list[type]:
+    return [cls, *(s for sub in cls.__subclasses__() for s in _subclasses(sub))]
+
+
 def main(argv: list[str]) -> None:
+    if argv[:1] == [ACCELERATE]:
+        return accelerate_launch(argv[1:])
     dry_run = "--dry-run" in argv
     overrides = [a for a in argv if a != "--dry-run"]
     if any(a.startswith("-") for a in overrides):  # Hydra flags (-m, --cfg, ...): the recipe handles them

@@ -22,6 +22,7 @@ from ampft.config import (
     ConfigError,
     DeepSpeedPrecision,
     FinetuneConfig,
+    LoggerName,
     OptimImplementation,
     Precision,
     PrecisionConfig,
@@ -114,6 +115,15 @@ def validate(cfg: DictConfig) -> list[str]:
     resume = cfg.checkpoint.resume
     if resume not in (None, "latest") and not Path(resume).is_dir():
         problems.append(f"checkpoint.resume={resume}: no such checkpoint folder (or use checkpoint.resume=latest)")
+
+    # Every output inside the run dir: TensorBoard writes into <run dir>/<logging.project>.
+    project = cfg.logging.project
+    if cfg.logging.name == LoggerName.tensorboard and _text(project) and (
+            Path(project).is_absolute() or ".." in Path(project).parts):
+        problems.append(f"logging.project={project}: under logging=tensorboard this is the folder inside the run dir "
+                        "that the event files go to, and every output of a run stays in its run dir: give a relative "
+                        "path without '..' (the default: tensorboard); for many runs in one TensorBoard, run "
+                        "`tensorboard --logdir runs`")
 
     d = cfg.distributed
     if d.num_processes < 1 or d.num_machines < 1 or not 0 <= d.machine_rank < d.num_machines:

@@ -14,10 +14,12 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import uuid
 from pathlib import Path
 
 import pytest
+import torch
 from omegaconf import OmegaConf
 
 from ampft import checkpointing
@@ -294,6 +296,31 @@ def test_preemption_on_a_checkpoint_step_saves_it_once(tmp_path, monkeypatch):
     assert [p.name for p in checkpoints(tmp_path)] == ["step_2"]
 
 
+def test_symlinked_checkpoints_lose_their_link_only_when_rotated_or_replaced(saved, tmp_path, caplog):
+    """Checkpoints moved to another disk and linked back: the new line re-saves step_4 (the abandoned line's,
+    a link) and rotation drops step_2 (a link); each loses its link, what they point to stays whole."""
+    run_dir = _copy(saved, tmp_path)
+    elsewhere = tmp_path / "other-disk"
+    elsewhere.mkdir()
+    for name in ("step_2", "step_4"):
+        (run_dir / "checkpoints" / name).rename(elsewhere / name)
+        (run_dir / "checkpoints" / name).symlink_to(elsewhere / name, target_is_directory=True)
+    kept = {n: manifest(elsewhere / n) for n in ("step_2", "step_4")}
+    with caplog.at_level(logging.WARNING, logger="ampft.checkpointing"):
+        summary = run(_tiny("trainer.max_steps=6", "checkpoint.keep_last=2",
+                            f"checkpoint.resume={run_dir / 'checkpoints' / 'step_2'}"), run_dir)
+    assert summary["steps"] == 6
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_4", "step_6"]
+    assert not any(p.is_symlink() for p in (run_dir / "checkpoints").iterdir())  # step_4 is the new line's own
+    assert manifest(run_dir / "checkpoints" / "step_4")["parent"]["name"] == "step_2"
+    for name, body in kept.items():  # the targets: untouched, every byte
+        assert manifest(elsewhere / name) == body and not verify(elsewhere / name)
+    said = caplog.text
+    assert f"removing the link {run_dir / 'checkpoints' / 'step_2.deleting'}" in said
+    assert f"removing the link {run_dir / 'checkpoints' / 'step_4.deleting'}" in said
+    assert str(elsewhere / "step_2") in said and "is left as it is" in said
+
+
 # -- a full disk ---------------------------------------------------------------------------------------
 
 @pytest.fixture
@@ -326,6 +353,110 @@ def test_full_disk_is_a_clear_error_and_the_previous_checkpoint_survives(small_d
     assert "checkpoint.resume=latest" in msg
     assert [p.name for p in (run_dir / "checkpoints").iterdir()] == ["step_2"]  # no half-written step_4.tmp
     assert not verify(run_dir / "checkpoints" / "step_2")
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """mount(name, size in bytes) -> a fresh tmpfs of that size under tmp_path (root only, else the test skips)."""
+    mounted = []
+
+    def mount(name: str, size: int) -> Path:
+        path = tmp_path / name
+        path.mkdir()
+        try:
+            proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                                  capture_output=True, text=True)
+        except FileNotFoundError:
+            pytest.skip("no mount command")
+        if proc.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs (needs root): {proc.stderr.strip()}")
+        mounted.append(path)
+        return path
+
+    yield mount
+    for path in mounted:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def _exported_weights(monkeypatch) -> dict:
+    """The weights each export is given, as the run had them (to compare with what was kept)."""
+    seen = {}
+    real = checkpointing.export
+
+    def export(accelerator, model, *args, **kwargs):
+        seen.update({k: v.detach().clone() for k, v in accelerator.get_state_dict(model).items()})
+        return real(accelerator, model, *args, **kwargs)
+
+    monkeypatch.setattr(checkpointing, "export", export)
+    return seen
+
+
+def test_full_disk_at_export_keeps_the_trained_weights_elsewhere_and_says_where(tmpfs, tmp_path, monkeypatch):
+    """No checkpoint, a run dir with room for the run (about 0.8 MB) but not its 9 MB model: the export fails,
+    the weights go to $TMPDIR, the error says where, and the partial model/ folder is gone."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    run_dir = tmpfs("disk", 3 * 2**20) / "run"
+    rescue_root = tmp_path / "tmpdir"
+    rescue_root.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(rescue_root))
+    weights = _exported_weights(monkeypatch)
+    with pytest.raises(CheckpointError) as err:
+        run(_tiny("trainer.max_steps=4", "checkpoint.every=0"), run_dir)
+    msg = str(err.value)
+    (rescued,) = rescue_root.iterdir()
+    assert f"could not export the model to {run_dir / 'model'}" in msg and "(the disk is full)" in msg
+    assert "free space there" in msg and "the model's weights need about" in msg
+    assert f"The trained weights (step 4) are saved in {rescued} instead" in msg and "Free some space" in msg
+    assert not (run_dir / "model").exists()  # nothing half-written that could be loaded as the model
+    kept = load_file(rescued / "model.safetensors")
+    assert kept.keys() == weights.keys() and all(torch.equal(kept[k], weights[k]) for k in kept)
+    AutoModelForSequenceClassification.from_pretrained(rescued)  # a complete model folder
+    AutoTokenizer.from_pretrained(rescued)
+
+
+def test_full_disk_at_export_with_no_room_anywhere_says_the_weights_are_lost(tmpfs, monkeypatch):
+    disk = tmpfs("disk", 3 * 2**20)
+    monkeypatch.setattr(tempfile, "tempdir", str(disk))  # $TMPDIR on the same full disk
+    with pytest.raises(CheckpointError) as err:
+        run(_tiny("trainer.max_steps=4", "checkpoint.every=0"), disk / "run")
+    msg = str(err.value)
+    assert "No checkpoint of this run exists and no other disk had room: the trained weights (step 4) are lost" in msg
+    assert "checkpoint.every=N" in msg
+    assert sorted(p.name for p in disk.iterdir()) == ["run"] and not (disk / "run" / "model").exists()
+
+
+def test_full_disk_at_export_of_the_best_checkpoint_says_it_is_intact(tmpfs, monkeypatch):
+    """checkpoint.export_best: the weights being exported are a checkpoint's; it is named, nothing is lost.
+    The disk holds the run and its checkpoints (keep_last=1) but not the model as well."""
+    disk = tmpfs("disk", 80 * 2**20)
+    run_dir = disk / "run"
+    real = checkpointing.export
+
+    def fill_then_export(*args, **kwargs):  # leave less room than the model needs
+        free = shutil.disk_usage(disk).free
+        (disk / "filler").write_bytes(b"\0" * max(0, free - 2**20))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(checkpointing, "export", fill_then_export)
+    with pytest.raises(CheckpointError) as err:
+        run(_tiny("trainer.max_steps=4", "checkpoint.keep_last=1", "checkpoint.keep_best=1",
+                  "checkpoint.export_best=true", "trainer.eval_every=2"), run_dir)
+    msg = str(err.value)
+    assert "These weights are checkpoint " in msg and "which is intact: nothing is lost" in msg
+    named = Path(msg.split("These weights are checkpoint ")[1].split("'s,")[0])
+    assert named.parent == run_dir / "checkpoints" and not verify(named)
+
+
+def test_a_full_cache_disk_trains_from_memory_with_a_warning(tmpfs, tmp_path, caplog):
+    cache = tmpfs("cache", 64 * 2**10)
+    with caplog.at_level(logging.WARNING, logger="ampft.data"):
+        summary = run(_tiny("trainer.max_steps=2", f"cache_dir={cache}"), tmp_path / "run")
+    assert summary["steps"] == 2 and (tmp_path / "run" / "model" / "model.safetensors").is_file()
+    assert "could not write the tokenization cache" in caplog.text and "training from memory" in caplog.text
+    assert "cache_dir=" in caplog.text
+    assert not [p for p in cache.rglob("*") if p.is_dir() and ".tmp" in p.name]  # no half-written cache left
 
 
 # -- nothing from a checkpoint runs code ---------------------------------------------------------------

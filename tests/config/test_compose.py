@@ -114,3 +114,54 @@ def test_default_run_dir_names_task_model_and_precision():
     cfg = compose_config("finetune", ["model=tiny-bert", "precision=bf16"], return_hydra_config=True)
     run_dir = str(cfg.hydra.run.dir)
     assert run_dir.startswith("runs/demo/tiny-bert-bf16/20"), run_dir  # not "Precision.bf16"
+
+
+# What Hydra composes without a word although nothing reads it, and what it cannot compose: the recipes'
+# compose (ampft.launch.compose; recipes/*.py through ampft.errors, tests/e2e/test_exit_codes.py) makes both a
+# ConfigError of one line naming the key and what would work.
+
+@pytest.mark.parametrize(("override", "named", "suggested"), [
+    ("+trainer.max_step=3", "trainer.max_step", "did you mean trainer.max_steps"),
+    ("+precison=bf16", "precison", "did you mean precision?"),
+    ("+trainer.foo=1", "trainer.foo", "the keys of trainer: trainer.epochs, trainer.max_steps"),
+    ("+trainer.foo.bar=1", "trainer.foo", "the keys of trainer:"),
+    ("++trainer.max_stpes=3", "trainer.max_stpes", "did you mean trainer.max_steps"),
+    ("experiment=sst2-bert-bsae", "experiment=sst2-bert-bsae", "choose one of cola-bert-base"),
+    ("experiment=bert-paper/nope", "experiment=bert-paper/nope", "choose one of bert-paper/conll2003"),
+])
+def test_a_key_or_option_nothing_reads_is_refused(override, named, suggested):
+    from ampft.launch import compose as recipe_compose
+
+    with pytest.raises(ConfigError) as err:
+        recipe_compose(["model=tiny-bert", override])
+    assert err.value.problems == [err.value.problems[0]] and "\n" not in str(err.value)
+    problem = err.value.problems[0]
+    assert problem.startswith(override + ":") and named in problem and suggested in problem
+
+
+def test_keys_the_schema_leaves_open_and_groups_still_compose():
+    from ampft.launch import compose as recipe_compose
+
+    cfg = recipe_compose(["model=tiny-bert", "+model.arch.hidden_dropout_prob=0.0", "++model.arch.foo.bar=1",
+                          "++trainer.max_steps=3", "experiment=sst2-bert-base",
+                          "~model.arch.model_type", "hydra.job.name=x"])
+    assert cfg.model.arch.hidden_dropout_prob == 0.0 and cfg.model.arch.foo.bar == 1
+    assert cfg.trainer.max_steps == 3 and cfg.task.name == "sst2" and "model_type" not in cfg.model.arch
+
+
+@pytest.mark.parametrize(("override", "expected"), [
+    ("trainer.max_step=20", "trainer.max_step: no such key; did you mean trainer.max_steps or trainer.max_minutes?"),
+    ("precison=bf16", "precison: no such key; did you mean precision?"),
+    ("precision=fp8", "precision=fp8: no such option in conf/precision/; choose one of bf16, fp16, fp32, tf32"),
+    ("trainer.max_steps=abc", "trainer.max_steps: Value 'abc' of type 'str' could not be converted to Integer"),
+    ("precision.name=fp8", "precision.name: Invalid value 'fp8', expected one of [fp32, tf32, fp16, bf16]"),
+    ("trainer.max_steps=[", "trainer.max_steps=[: not an override Hydra can parse"),
+    ("~trainer.foo", "Could not delete from config. 'trainer.foo' does not exist."),
+])
+def test_what_hydra_cannot_compose_is_one_line_naming_the_key_and_the_choices(override, expected):
+    from ampft.launch import compose as recipe_compose
+
+    with pytest.raises(ConfigError) as err:
+        recipe_compose(["model=tiny-bert", override])
+    assert str(err.value) == f"1 problem(s) in the config: {expected}" or (
+        str(err.value).startswith(f"1 problem(s) in the config: {expected}") and "\n" not in str(err.value))

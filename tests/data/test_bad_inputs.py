@@ -140,6 +140,24 @@ def test_csv_row_with_an_unquoted_comma_is_an_error_but_quoted_commas_and_newlin
         load_raw(_csv_task(good, bad))
 
 
+@pytest.mark.parametrize("suffix", [".csv", ".tsv"])
+def test_a_megabyte_line_is_read_whole_and_its_row_still_checked(tmp_path, suffix):
+    """The pre-check reads what the reader reads: a 1 MB field (past Python csv's 128 KiB default limit)."""
+    import csv
+
+    sep, big = ("," if suffix == ".csv" else "\t"), "word " * 200_000
+    good = tmp_path / f"good{suffix}"
+    good.write_text(f"sentence{sep}label\n{big}{sep}pos\nshort{sep}neg\n")
+    limit = csv.field_size_limit()
+    raw = load_raw(_csv_task(good, good))
+    assert [len(x) for x in raw["train"]["sentence"]] == [len(big), 5]
+    assert csv.field_size_limit() == limit  # the module's limit is put back
+    bad = tmp_path / f"bad{suffix}"
+    bad.write_text(f"sentence{sep}label\nshort{sep}neg\n{big}{sep}pos{sep}extra\n")
+    with pytest.raises(DataError, match=rf"bad{suffix}: line 3 has 3 fields"):
+        load_raw(_csv_task(good, bad))
+
+
 def test_shifted_tsv_never_trains_end_to_end(tmp_path):
     """The reported case as the user runs it: an extra tab in most rows; exit 2, no model, the line named."""
     train = _tsv(tmp_path / "train.tsv", ["sentence\tlabel"] + [f"{i}\tsentence {i}\t{i % 2}" for i in range(20)])

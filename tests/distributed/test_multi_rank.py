@@ -68,7 +68,7 @@ def test_dry_run_prints_the_command_for_every_machine():
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = proc.stdout
     assert "# machine 0" in out and "# machine 1" in out
-    lines = [x for x in out.splitlines() if "accelerate.commands.launch" in x]
+    lines = [x for x in out.splitlines() if "-m ampft.launch --accelerate" in x]  # accelerate launch, ranks' code
     assert len(lines) == 2
     for rank, line in enumerate(lines):
         assert f"--machine_rank {rank}" in line and "--num_processes 8" in line and "--num_machines 2" in line

@@ -115,3 +115,103 @@ def test_launcher_config_error_exits_2(tmp_path):
     proc = _run(["-m", "ampft.launch", *TINY, "trainer.batch_size=0", f"hydra.run.dir={tmp_path}"])
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "error: 1 problem(s) in the config" in proc.stderr and "trainer.batch_size=0" in proc.stderr
+
+
+# Compose errors: Hydra reports them itself and exits 1; every recipe (ampft.errors.compose_errors) and the
+# launcher make them a ConfigError, one line, exit 2. The messages of each kind: tests/config/test_compose.py.
+COMPOSE_ERRORS = [
+    (["recipes/finetune.py", "trainer.max_step=20"], "trainer.max_step: no such key; did you mean trainer.max_steps"),
+    (["recipes/finetune.py", "+trainer.max_step=3"], "+trainer.max_step=3: trainer.max_step is no key of the config"),
+    (["recipes/finetune.py", "-m", "+trainer.foo=1,2"], "+trainer.foo=1: trainer.foo is no key of the config"),
+    (["-m", "ampft.launch", "trainer.max_step=20"], "trainer.max_step: no such key; did you mean trainer.max_steps"),
+    (["-m", "ampft.launch", "+precison=bf16"], "+precison=bf16: precison is no key of the config"),
+    (["recipes/eval.py", "+fil=x.csv"], "+fil=x.csv: fil is no key of the config, nothing would read it; did you "
+                                        "mean file?"),
+    (["recipes/estimate.py", "precision=fp8"], "precision=fp8: no such option in conf/precision/; choose one of bf16, "
+                                               "fp16, fp32, tf32"),
+    (["recipes/estimate.py", "trainer.max_steps=abc"], "trainer.max_steps: Value 'abc' of type 'str' could not be "
+                                                       "converted to Integer"),
+    (["recipes/benchmark.py", "benchmark=nope"], "benchmark=nope: no such option in conf/benchmark/; choose one of"),
+    (["recipes/peer.py", "+peer.sedes=[1]"], "+peer.sedes=[1]: peer.sedes is no key of the config"),
+]
+
+
+@pytest.mark.parametrize(("args", "said"), COMPOSE_ERRORS, ids=lambda a: " ".join(a) if isinstance(a, list) else "")
+def test_a_config_hydra_cannot_compose_or_nothing_reads_exits_2_with_one_line(tmp_path, args, said):
+    proc = _run([*args, f"hydra.run.dir={tmp_path}", f"hydra.sweep.dir={tmp_path}"])
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert f"error: 1 problem(s) in the config: {said}" in proc.stderr
+    assert "Traceback" not in proc.stderr and len([x for x in proc.stderr.splitlines() if "error" in x]) == 1
+    assert not (tmp_path / "summary.json").exists() and not (tmp_path / "0" / "summary.json").exists()
+
+
+def test_a_key_the_schema_leaves_open_still_trains(tmp_path):
+    proc = _run(["recipes/finetune.py", *TINY, "trainer.max_steps=2", "+model.arch.hidden_dropout_prob=0.0",
+                 f"hydra.run.dir={tmp_path}"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "hidden_dropout_prob: 0.0" in (tmp_path / "config.yaml").read_text()
+
+
+# Through make: GNU make ends every failed command with its own code 2 (it cannot pass a command's code on) and
+# names the command's in its last line; what make runs (the launcher, the recipes) keeps the table's codes.
+DIVERGES = [*TINY, "optim.lr=1e4", "trainer.max_steps=40", "trainer.log_every=2", "precision.max_consecutive_nonfinite=2"]
+
+
+def test_make_exits_2_and_names_the_recipes_code_which_the_launcher_keeps(tmp_path):
+    made = _run_make(["finetune", *DIVERGES, f"hydra.run.dir={tmp_path / 'make'}"])
+    assert made.returncode == 2, made.stderr[-3000:]
+    assert "error: training diverged" in made.stderr and "finetune] Error 3" in made.stderr.splitlines()[-1]
+    launched = _run(["-m", "ampft.launch", *DIVERGES, f"hydra.run.dir={tmp_path / 'launch'}"])
+    assert launched.returncode == 3, launched.stderr[-3000:]
+
+
+@pytest.mark.parametrize("target", ["finetune", "print-config", "estimate", "reproduce", "evaluate", "benchmark",
+                                    "benchmark-peer"])
+def test_every_make_target_reports_a_compose_error_in_one_line(tmp_path, target):
+    key = {"evaluate": "fil", "benchmark": "benchmark.seq_le", "benchmark-peer": "peer.sedes"}.get(target, "trainer.max_step")
+    extra = ["experiment=sst2-bert-base", "steps=2"] if target == "reproduce" else []
+    made = _run_make([target, *extra, f"{key}=1", f"hydra.run.dir={tmp_path}"])
+    assert made.returncode == 2, made.stderr[-3000:]
+    errors = [x for x in made.stderr.splitlines() if x.startswith("error: ")]
+    assert len(errors) == 1 and f"error: 1 problem(s) in the config: {key}: no such key" in errors[0], made.stderr
+    assert "Traceback" not in made.stderr and made.stderr.splitlines()[-1].endswith("Error 2")
+
+
+def _run_make(args: list[str]) -> subprocess.CompletedProcess:
+    return _run_cmd(["make", "--no-print-directory", *args, f"PYTHON={sys.executable}"])
+
+
+def _run_cmd(cmd: list[str]) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HYDRA_FULL_ERROR": "0"}
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+
+
+@pytest.mark.distributed
+def test_several_processes_exit_with_the_ranks_code(tmp_path):
+    """`accelerate launch` turns a rank's code into 1; `python -m ampft.launch` (make finetune) keeps it."""
+    proc = _run(["-m", "ampft.launch", *DIVERGES, "distributed=ddp", "distributed.num_processes=2",
+                 f"hydra.run.dir={tmp_path}"])
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    assert "error: training diverged" in proc.stderr and "ranks ended with: rank 0: 3" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.distributed
+def test_several_processes_preempted_by_a_signal_to_the_launcher_exit_75(tmp_path):
+    """SIGTERM to the launcher (what a scheduler sends): torch's launcher passes it to the ranks, they checkpoint
+    and exit 75, and the launcher, stopped by the signal, exits 75 too (accelerate launch: 143)."""
+    import json
+    import signal
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "ampft.launch", *TINY, "trainer.max_steps=400", "trainer.log_every=2",
+                             "distributed=ddp", "distributed.num_processes=2", f"hydra.run.dir={tmp_path}"],
+                            cwd=ROOT, env={**os.environ, "HYDRA_FULL_ERROR": "0"}, stderr=subprocess.PIPE, text=True)
+    metrics = tmp_path / "metrics.jsonl"
+    while not (metrics.is_file() and any(json.loads(x)["event"] == "train" for x in metrics.read_text().splitlines())):
+        assert proc.poll() is None, proc.stderr.read()[-3000:]
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate()
+    assert proc.returncode == 75, stderr[-3000:]
+    assert (tmp_path / "PREEMPTED").is_file() and list((tmp_path / "checkpoints").glob("step_*"))

@@ -53,3 +53,16 @@ def test_wandb_and_mlflow_offline_log_the_run_inside_its_run_dir(tiny, tmp_path,
         runs = mlflow.search_runs(search_all_experiments=True)
         assert len(runs) == 1 and runs["metrics.train/loss"].notna().all()
         assert runs["params.trainer.batch_size"][0] == "16"
+
+
+@pytest.mark.parametrize("project", ["../../elsewhere", "/tmp/ampft-tensorboard", "tb/../../x"])
+def test_tensorboard_files_never_go_outside_the_run_dir(tiny, project):
+    from ampft.config import ConfigError
+    from ampft.validation import validate
+
+    with pytest.raises(ConfigError) as err:
+        validate(tiny(f"logging.project={project}"))
+    (problem,) = [p for p in err.value.problems if p.startswith("logging.project=")]
+    assert problem.startswith(f"logging.project={project}: under logging=tensorboard") and "without '..'" in problem
+    validate(tiny("logging.project=tb/this-run"))  # a folder inside the run dir is fine
+    validate(tiny("logging=wandb", "logging.project=../a"))  # a W&B project is a name, not a folder

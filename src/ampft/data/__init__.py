@@ -88,13 +88,22 @@ def prepare_data(cfg: DictConfig, family: Family, tokenizer: PreTrainedTokenizer
         else:
             tokenized = family.tokenize(raw, task, tokenizer, labels)
             tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-            tokenized.save_to_disk(str(tmp))
             try:
-                tmp.rename(path)  # atomic: a half-written cache is never picked up
-            except OSError:  # another process won the race; use its copy
+                tokenized.save_to_disk(str(tmp))
+            except OSError as exc:  # a full or read-only disk: the cache only saves time, train without it
                 shutil.rmtree(tmp, ignore_errors=True)
-            log.info("tokenized %s cached at %s", task.name, path)
-        tokenized = load_from_disk(str(path))
+                free = shutil.disk_usage(cache_root(cfg)).free if cache_root(cfg).exists() else 0
+                log.warning("could not write the tokenization cache %s (%s; %.1f MiB free there): training from "
+                            "memory, tokenizing again next time; free some space or set cache_dir= (or "
+                            "$AMPFT_CACHE) to a disk with room", path, exc, free / 2**20)
+            else:
+                try:
+                    tmp.rename(path)  # atomic: a half-written cache is never picked up
+                except OSError:  # another process won the race; use its copy
+                    shutil.rmtree(tmp, ignore_errors=True)
+                log.info("tokenized %s cached at %s", task.name, path)
+        if path.is_dir():
+            tokenized = load_from_disk(str(path))
     features = {s: tokenized[s] for s in raw if s != "train"}
     examples = {s: raw[s] for s in raw if s != "train"}
     # Evaluate in length order: little padding in the larger eval batches, the same scores as in file order.

@@ -107,6 +107,15 @@ def check_rows(path: str, split: str, column_names: list[str] | None = None) -> 
 
 
 def _check_csv(path: str, key: str, names: list[str] | None = None) -> None:
+    # The reader (pandas' C parser) takes fields of any length; Python's csv module stops at 128 KiB unless told.
+    limit = csv.field_size_limit(2**31 - 1)  # a C long on every platform
+    try:
+        _check_csv_rows(path, key, names)
+    finally:
+        csv.field_size_limit(limit)
+
+
+def _check_csv_rows(path: str, key: str, names: list[str] | None) -> None:
     tsv = Path(path).suffix.lower() == ".tsv"
     with open(path, encoding="utf-8", newline="") as f:
         reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE) if tsv else csv.reader(f)
