@@ -110,8 +110,23 @@ def test_a_crashed_job_is_a_row_and_the_summary_stays_whole(tmp_path):
 def test_a_single_run_keeps_its_exit_code_and_its_one_line(tmp_path):
     proc = _run(["recipes/finetune.py", *BASE, "optim.lr=nan", f"hydra.run.dir={tmp_path}"])
     assert proc.returncode == 2
-    assert proc.stderr == "error: 1 problem(s) in the config:\n  - optim.lr=nan: must be a finite number > 0, e.g. 3e-5\n"
+    assert proc.stderr == "error: 1 problem(s) in the config: optim.lr=nan: must be a finite number > 0, e.g. 3e-5\n"
     assert not list(tmp_path.rglob("summary.*"))
+
+
+def test_a_key_nothing_reads_fails_each_job_of_a_sweep_with_its_one_line(tmp_path):
+    """In a multirun the unknown +key is each job's ConfigError (exit 2), recorded; the sweep exits 1 without a
+    traceback, no job trains."""
+    proc = _run(["recipes/finetune.py", "-m", *BASE, "+trainer.foo=1,2", f"hydra.sweep.dir={tmp_path}"])
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    jobs = _jobs(tmp_path)
+    assert [(j["status"], j["exit_code"]) for j in jobs] == [("failed", 2), ("failed", 2)]
+    for job, value in zip(jobs, (1, 2), strict=True):
+        assert job["error"].startswith(f"+trainer.foo={value}: trainer.foo is no key of the config")
+        assert f"error: 1 problem(s) in the config: +trainer.foo={value}: " in proc.stderr
+    assert not list(tmp_path.rglob("summary.json"))[1:]  # the sweep's own, no run's
+    _check_table(tmp_path, jobs)
 
 
 def _lr(job: dict) -> float:

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from ampft.benchmark import speed
-from ampft.checkpointing import checkpoints
+from ampft.checkpointing import checkpoints, manifest, resolve_resume
 from ampft.engine import TrainingDiverged, fit
 from ampft.finetune import build, reset_accelerate, run
 
@@ -184,13 +184,16 @@ def test_divergence_keeps_the_last_good_checkpoint(tiny, tmp_path, monkeypatch):
     _poison_after(monkeypatch, micro_batches=4)
     cfg = tiny("precision=fp32", "trainer.max_steps=30", "checkpoint.every=2", "trainer.log_every=2",
                "precision.max_consecutive_nonfinite=10")
-    with pytest.raises(TrainingDiverged, match="weights are not finite at a checkpoint"):
+    # The losses turn NaN in step 5, the first update trained from step_4: step_4 is the checkpoint not judged yet,
+    # so it is marked diverged and the error names step_2, whose weights produced the finite losses of step 3.
+    with pytest.raises(TrainingDiverged, match=r"newest checkpoint known good is \S*step_2 \(step 2") as err:
         run(cfg, tmp_path)
+    assert "step_4 holds the weights that produced these losses" in str(err.value)
     assert [p.name for p in checkpoints(tmp_path)] == ["step_2", "step_4"]
-    # NaN losses are in the log, not filtered out.
-    losses = [json.loads(x)["loss"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert any(v != v for v in losses)
-    # The last good checkpoint loads and training continues from it.
+    assert manifest(tmp_path / "checkpoints" / "step_4")["health"]["ok"] is False
+    assert manifest(tmp_path / "checkpoints" / "step_2")["health"]["ok"] is True
+    assert resolve_resume(tmp_path, "latest") == tmp_path / "checkpoints" / "step_2"
+    # The checkpoint known good loads and training continues from it.
     monkeypatch.undo()
     summary = run(tiny("precision=fp32", "trainer.max_steps=8", "checkpoint.resume=latest"), tmp_path)
     assert summary["steps"] == 8 and summary["eval"]["loss"] == summary["eval"]["loss"]
