@@ -112,6 +112,10 @@ class ModelConfig:
     # transformers config kwargs for pretrained=false, with model_type (bert, roberta, ...).
     arch: dict[str, Any] = field(default_factory=dict)
     attn_implementation: AttnImplementation = AttnImplementation.auto
+    # Recompute each transformer layer's forward in the backward pass instead of keeping its activations
+    # (torch's non-reentrant checkpointing, through transformers): activation memory falls to about the layers'
+    # inputs, a step costs about one more forward. The same losses and gradients (dropout masks are replayed).
+    gradient_checkpointing: bool = False
 
 
 @dataclass
@@ -280,6 +284,10 @@ class TrainerConfig:
     compile: bool = False
     compile_buckets: int = 8  # with compile: lengths padded up to one of this many sizes <= task.max_length
     num_workers: int | None = None  # dataloader workers; null: 2 on CUDA (overlap collation), 0 on CPU
+    # Stop training after this many evaluations in a row without improvement of checkpoint.metric (null:
+    # task.main_metric), in its direction (checkpoint.mode's rule). null or 0: off. The best evaluation's
+    # weights are exported only with checkpoint.export_best=true (else the weights at the step it stopped).
+    early_stopping_patience: int | None = None
     cpu: bool = False  # force CPU even where a GPU is present
     progress_bar: bool = True
 

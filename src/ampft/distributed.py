@@ -100,8 +100,27 @@ def accelerator_kwargs(cfg: DictConfig) -> dict[str, Any]:
             auto_wrap_policy="transformer_based_wrap",
             state_dict_type="SHARDED_STATE_DICT",
             cpu_ram_efficient_loading=False,
+            # Activation checkpointing is model.gradient_checkpointing's (models.enable_gradient_checkpointing), never
+            # the plugin's: Accelerate's wrapper recomputes without restoring the RNG (other dropout masks), and
+            # both at once would checkpoint every layer twice. False here also ignores FSDP_ACTIVATION_CHECKPOINTING,
+            # which `launcher_checkpointing_problem` refuses up front.
+            activation_checkpointing=False,
         )
     return kwargs
+
+
+def launcher_checkpointing_problem(env: dict[str, str] | None = None) -> str | None:
+    """Accelerate told to checkpoint activations itself (`accelerate launch --fsdp_activation_checkpointing`, or
+    `fsdp_activation_checkpointing: true` in its config file, both reaching the ranks as
+    FSDP_ACTIVATION_CHECKPOINTING): ampft would silently not do it (its FSDP plugin says False), so the run is
+    refused with the switch that does."""
+    told = (os.environ if env is None else env).get("FSDP_ACTIVATION_CHECKPOINTING", "false").strip().lower()
+    if told not in ("1", "true", "yes", "on"):
+        return None
+    return ("Accelerate was told fsdp_activation_checkpointing=true (accelerate launch --fsdp_activation_checkpointing, "
+            "its config file, or FSDP_ACTIVATION_CHECKPOINTING): in ampft activation checkpointing is one switch for "
+            "every backend, model.gradient_checkpointing=true (it replays the dropout masks; Accelerate's FSDP wrapper "
+            "does not). Drop the launcher's setting and pass model.gradient_checkpointing=true")
 
 
 def fsdp_on_cpu(accelerator, plugin) -> None:

@@ -25,9 +25,10 @@ from accelerate import Accelerator
 from omegaconf import DictConfig
 
 from ampft import checkpointing
-from ampft.config import metric_mode, to_plain
+from ampft.config import ConfigError, metric_mode, to_plain
 from ampft.errors import Preempted, TrainingDiverged
 from ampft.tracking import Tracker
+from ampft.validation import early_stopping_problem
 
 if TYPE_CHECKING:
     from ampft.tasks.base import Family
@@ -53,6 +54,12 @@ class TrainState:
     eval_results: dict | None = None
     loss_scale: float | None = None  # fp16: the scale at the end of training
     initial_loss: float | None = None  # the first micro-batch's loss, before any update (divergence guard)
+    # The best evaluation so far by checkpoint.metric (null: task.main_metric) in its direction, its step, and the
+    # evaluations since it (trainer.early_stopping_patience counts these); the step early stopping ended training.
+    best_eval: dict | None = None
+    best_step: int | None = None
+    evals_since_best: int = 0
+    stopped_early_at: int | None = None
 
     def state_dict(self) -> dict:
         return asdict(self)
@@ -81,6 +88,19 @@ def _fits(value, annotation: str) -> bool:
                                            for k, v in value.items()):
         return False
     return any(isinstance(value, kinds[a.strip()]) for a in annotation.split("|"))
+
+
+def track_best(st: TrainState, results: dict[str, float], metric: str, mode: str) -> bool:
+    """Fold an evaluation into the best so far: strictly better in `mode` (max/min) becomes the best, anything else
+    (equal, worse, NaN) counts one more evaluation without improvement. True: it was an improvement."""
+    value = results[metric]
+    best = None if st.best_eval is None else st.best_eval[metric]
+    improved = math.isfinite(value) and (best is None or (value > best if mode == "max" else value < best))
+    if improved:
+        st.best_eval, st.best_step, st.evals_since_best = dict(results), st.step, 0
+    else:
+        st.evals_since_best += 1
+    return improved
 
 
 @dataclass(frozen=True)
@@ -371,8 +391,8 @@ def weights_finite(model: torch.nn.Module, acc: Accelerator | None = None) -> bo
 
 
 def fit(training: Training) -> TrainState:
-    """Train until `max_steps` updates are applied or `trainer.max_minutes` have passed, then evaluate (unless
-    this very step was evaluated). SIGTERM/SIGUSR1 checkpoint at the next step and raise `Preempted`."""
+    """Train until `max_steps` updates are applied, `trainer.max_minutes` have passed or early stopping ends it
+    (`trainer.early_stopping_patience`), then evaluate (unless this very step was evaluated). SIGTERM/SIGUSR1 checkpoint at the next step and raise `Preempted`."""
     with preemption_signals() as preempt:
         return TrainingLoop(training, preempt).run()
 
@@ -410,7 +430,7 @@ class LossWindow:
 
 class TrainingLoop:
     """`fit`'s loop: one straight body per micro-batch (`train_step`, then the counters), and after each
-    optimizer step `after_step` (log, evaluate, checkpoint, preemption, time limit, in that order)."""
+    optimizer step `after_step` (log, evaluate, checkpoint, early stopping, preemption, time limit, in that order)."""
 
     def __init__(self, training: Training, preempt: dict):
         self.training, self.state, self.preempt = training, training.state, preempt
@@ -422,12 +442,16 @@ class TrainingLoop:
         self.guard.track(training.resumed_from)
         minutes = training.cfg.trainer.max_minutes
         self.deadline = None if minutes is None else time.monotonic() + 60 * minutes
+        tr = training.cfg.trainer  # early stopping's evaluations, now that the steps per epoch are known
+        problem = early_stopping_problem(tr, training.max_steps, math.ceil(len(training.train_dl) / tr.grad_accum))
+        if problem is not None:
+            raise ConfigError([problem])
 
     def run(self) -> TrainState:
         t, st, tr = self.training, self.state, self.training.cfg.trainer
         t.model.train()
         t.tracker.advance(st.step)
-        done = st.step >= t.max_steps
+        done = st.step >= t.max_steps or self.stop_early()  # a checkpoint of the step that stopped: stops again
         while not done:
             for batch in self.rest_of_epoch():
                 step = train_step(t.accelerator, t.model, t.optimizer, t.scheduler, batch, tr.max_grad_norm,
@@ -445,6 +469,7 @@ class TrainingLoop:
                 st.batch_in_epoch = 0
                 if not tr.eval_every and st.eval_step != st.step:  # (evaluated already: a checkpoint's best)
                     self.evaluate()
+                    done = self.stop_early()
         self.meters.fold(st)
         if self.window.batches:  # the last, partial logging window
             self.window.close(st)
@@ -465,9 +490,9 @@ class TrainingLoop:
 
     def after_step(self, step: StepResult) -> bool:
         """After an optimizer step attempt. A skipped one (fp16 overflow) is only counted; after an applied
-        update, in this order: log, evaluate, checkpoint (each at its interval); on a preemption signal,
-        checkpoint (unless this step was just saved) and raise `Preempted`. True: training is done
-        (`max_steps` reached, or `trainer.max_minutes` passed)."""
+        update, in this order: log, evaluate, checkpoint (each at its interval); early stopping; on a preemption
+        signal, checkpoint (unless this step was just saved) and raise `Preempted`. True: training is done
+        (`max_steps` reached, early stopping, or `trainer.max_minutes` passed)."""
         t, st, tr, ck = self.training, self.state, self.training.cfg.trainer, self.training.cfg.checkpoint
         if step.skipped:
             st.skipped += 1
@@ -485,12 +510,13 @@ class TrainingLoop:
             self.evaluate()
         if ck.every and st.step % ck.every == 0:
             self.checkpoint()
-        if st.step < t.max_steps and self.signalled():
+        stop = self.stop_early()  # after the checkpoint: its evaluation (checkpoint.keep_best) counts too
+        if st.step < t.max_steps and not stop and self.signalled():
             if not self.saved_this_step():
                 self.checkpoint()
             raise Preempted(f"stopped by {self.preempt['signal']} at step {st.step}; checkpoint written: "
                             f"{self.last_checkpoint}. Resume: hydra.run.dir={t.run_dir} checkpoint.resume=latest")
-        return st.step >= t.max_steps or self.out_of_time()
+        return stop or st.step >= t.max_steps or self.out_of_time()
 
     def log(self) -> None:
         t, st, window = self.training, self.state, self.window
@@ -515,13 +541,29 @@ class TrainingLoop:
         self.guard.check_loss(st.step)
 
     def evaluate(self) -> dict[str, float]:
-        st = self.state
+        st, ck = self.state, self.training.cfg.checkpoint
         self.meters.fold(st)  # evaluation time is not training time
         results = self.training.evaluate()
         st.eval_step, st.eval_results = st.step, results
+        metric = ck.metric or self.training.cfg.task.main_metric
+        track_best(st, results, metric, metric_mode(metric, ck.mode))
         self.training.tracker.log("eval", st.step, results)
         self.meters.restart()
         return results
+
+    def stop_early(self) -> bool:
+        """trainer.early_stopping_patience evaluations in a row without improvement, the latest at this very step:
+        training ends here. The count is in the checkpointed state, so a run resumed from any checkpoint stops
+        where the uninterrupted run would."""
+        st, patience = self.state, self.training.cfg.trainer.early_stopping_patience
+        if st.stopped_early_at is None and patience and st.eval_step == st.step \
+                and st.evals_since_best >= patience and st.step < self.training.max_steps:
+            st.stopped_early_at = st.step
+            metric = self.training.cfg.checkpoint.metric or self.training.cfg.task.main_metric
+            log.info("early stopping at step %d: %s did not improve for %d evaluations; the best, %.4g, was at step %s",
+                     st.step, metric, st.evals_since_best, st.best_eval[metric] if st.best_eval else float("nan"),
+                     st.best_step)
+        return st.stopped_early_at is not None
 
     def checkpoint(self) -> None:
         t, st, ck = self.training, self.state, self.training.cfg.checkpoint

@@ -477,6 +477,8 @@ def summarize(training: Training, ran_precision: str, started: float,
         epochs=state.epoch + state.batch_in_epoch / len(training.train_dl),
         attn_implementation=accelerator.unwrap_model(model).config._attn_implementation,
         compiled=bool(cfg.trainer.compile),
+        gradient_checkpointing=bool(cfg.model.gradient_checkpointing),
+        early_stopping=_early_stopping(cfg, state),
         num_processes=accelerator.num_processes,
         distributed_type=accelerator.distributed_type.value,
         device=str(accelerator.device),
@@ -504,6 +506,18 @@ def export_model(training: Training, tokenizer: PreTrainedTokenizerBase, summary
     summary["export_dir"] = str(run_dir / "model")
     checkpointing.export(accelerator, model, tokenizer, run_dir / "model", to_plain(training.cfg),
                          model_card(summary, training.cfg, training.family), step=training.state.step, source=best)
+
+
+def _early_stopping(cfg: DictConfig, st: TrainState) -> dict[str, Any] | None:
+    """trainer.early_stopping_patience's record: whether and where it stopped training, and the best evaluation."""
+    patience = cfg.trainer.early_stopping_patience
+    if not patience:
+        return None
+    metric = cfg.checkpoint.metric or cfg.task.main_metric
+    return dict(patience=patience, metric=metric, mode=metric_mode(metric, cfg.checkpoint.mode),
+                stopped=st.stopped_early_at is not None, stopped_step=st.stopped_early_at, best_step=st.best_step,
+                best_value=None if st.best_eval is None else st.best_eval[metric],
+                evaluations_without_improvement=st.evals_since_best)
 
 
 def _positive_label(cfg: DictConfig, family: tasks.Family, model) -> str | None:

@@ -27,7 +27,7 @@ from transformers import (
 )
 from transformers.utils import is_flash_attn_2_available
 
-from ampft.config import AttnImplementation, Precision
+from ampft.config import AttnImplementation, ConfigError, Precision
 from ampft.errors import AmpftError, ModelLoadError
 
 if TYPE_CHECKING:
@@ -205,7 +205,27 @@ def build_model(
             model = auto.from_pretrained(path, config=config, attn_implementation=attn)
     else:
         model = auto.from_config(config, attn_implementation=attn)
+    if m.gradient_checkpointing:
+        enable_gradient_checkpointing(model, m.name)
     n = sum(p.numel() for p in model.parameters())
-    log.info("model %s: %s, %.1fM parameters, attention=%s, pretrained=%s",
-             m.name, type(model).__name__, n / 1e6, attn, m.pretrained)
+    log.info("model %s: %s, %.1fM parameters, attention=%s, pretrained=%s, gradient checkpointing=%s",
+             m.name, type(model).__name__, n / 1e6, attn, m.pretrained, m.gradient_checkpointing)
     return model
+
+
+def enable_gradient_checkpointing(model: PreTrainedModel, name: str) -> None:
+    """model.gradient_checkpointing=true: transformers checkpoints each transformer layer's `forward` with torch's
+    non-reentrant checkpoint, which replays the RNG state (the same dropout masks) and autocast in the recompute.
+    It is the one place activations are checkpointed: the FSDP plugin's own switch stays off
+    (`distributed.accelerator_kwargs`) and ampft's DeepSpeed config has no activation_checkpointing section
+    (that one only acts on models that call deepspeed.checkpointing, which transformers' do not)."""
+    if not model.supports_gradient_checkpointing:
+        raise ConfigError([f"model.gradient_checkpointing=true: model={name} ({type(model).__name__}) does not "
+                           "support gradient checkpointing in transformers; set model.gradient_checkpointing=false"])
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x; the old name warns there
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    if not model.config.is_decoder:  # an encoder caches nothing; transformers would warn that it turns use_cache off
+        model.config.use_cache = False

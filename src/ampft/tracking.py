@@ -196,7 +196,12 @@ def format_summary(summary: dict[str, Any]) -> str:
         ("peak memory", f"{summary['peak_memory_bytes'] / 2**20:.0f} MiB ({summary['peak_memory_kind']})"),
         ("wall time", f"{summary['wall_seconds']:.1f} s (training {summary['train_seconds']:.1f} s)"),
     ]
+    early = summary.get("early_stopping")
+    if early and early["stopped"]:
+        rows.insert(5, ("early stop", f"at step {early['stopped_step']}: {early['metric']} did not improve for "
+                                      f"{early['patience']} evaluations; best {_fmt(early['best_value'])} at step "
+                                      f"{early['best_step']}"))
     if summary.get("export_dir"):
-        rows.append(("model", summary["export_dir"]))
+        rows.append(("model", f"{summary['export_dir']} ({summary['exported']})" if early else summary["export_dir"]))
     width = max(len(k) for k, _ in rows)
     return "\n".join(["== ampft summary =="] + [f"{k:<{width}}  {v}" for k, v in rows])

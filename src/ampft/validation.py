@@ -16,7 +16,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from ampft import precision
+from ampft import distributed, precision
 from ampft.config import (
     Backend,
     ConfigError,
@@ -90,6 +90,8 @@ def validate(cfg: DictConfig) -> list[str]:
                         "the worst. Leave checkpoint.mode unset (null: inferred from the metric)")
     if (ck.keep_best or ck.export_best) and not ck.every:
         problems.append("checkpoint.keep_best/export_best need periodic checkpoints: set checkpoint.every=N")
+    early_problems, early_warnings = early_stopping_checks(cfg)
+    problems += early_problems
     if cfg.optim.lr <= 0:
         problems.append(f"optim.lr={cfg.optim.lr}: must be > 0 (e.g. optim.lr=3e-5)")
     if (cfg.optim.implementation == OptimImplementation.fused and cfg.precision.name == Precision.fp16
@@ -144,11 +146,66 @@ def validate(cfg: DictConfig) -> list[str]:
     if d.num_machines > 1 and d.main_process_ip is None:
         problems.append("distributed.num_machines > 1 needs distributed.main_process_ip=<address of machine 0>")
 
+    if problem := distributed.launcher_checkpointing_problem():
+        problems.append(problem)
+
     errors, warnings = precision.preflight(cfg)
     problems.extend(errors)
     if problems:
         raise ConfigError(problems)
-    return warnings + ignored_loss_scaling(cfg)
+    return warnings + early_warnings + ignored_loss_scaling(cfg)
+
+
+def early_stopping_checks(cfg: DictConfig) -> tuple[list[str], list[str]]:
+    """trainer.early_stopping_patience with what it needs: enough evaluations to stop before the end (where the
+    steps are known before the data is), and with checkpoint.export_best a kept checkpoint at every evaluation.
+    (problems, warnings): without export_best, a warning that the export holds the last weights."""
+    tr, ck = cfg.trainer, cfg.checkpoint
+    patience = tr.early_stopping_patience
+    if patience is None or patience == 0:
+        return [], []
+    if patience < 0:
+        return [f"trainer.early_stopping_patience={patience}: must be >= 1 evaluations, or 0/null (off)"], []
+    problems, warnings = [], []
+    if (problem := early_stopping_problem(tr, tr.max_steps, None)) is not None:
+        problems.append(problem)
+    if ck.export_best:
+        if not tr.eval_every or (ck.every and tr.eval_every % ck.every):
+            problems.append(
+                f"trainer.early_stopping_patience={patience} with checkpoint.export_best=true: the best evaluation "
+                "is exported from its checkpoint, so every evaluation needs one, but trainer.eval_every="
+                f"{tr.eval_every} and checkpoint.every={ck.every}" + (" (0: evaluations at epoch ends)" if not
+                                                                     tr.eval_every else "")
+                + "; set trainer.eval_every=N and checkpoint.every=N (or a divisor of N)")
+        if not ck.keep_best:
+            problems.append(f"trainer.early_stopping_patience={patience} with checkpoint.export_best=true: "
+                            "set checkpoint.keep_best=1, or rotation (checkpoint.keep_last="
+                            f"{ck.keep_last}) deletes the best checkpoint before training stops")
+    elif ck.export:
+        every = tr.eval_every or "N"
+        warnings.append(f"trainer.early_stopping_patience={patience} without checkpoint.export_best=true: the exported "
+                        "model holds the weights of the step training stopped at, the last evaluation, not the best "
+                        "one (summary.json's early_stopping names the best step and value). To export the best: "
+                        f"trainer.eval_every={every} checkpoint.every={every} checkpoint.keep_best=1 "
+                        "checkpoint.export_best=true")
+    return problems, warnings
+
+
+def early_stopping_problem(tr: DictConfig, max_steps: int, steps_per_epoch: int | None) -> str | None:
+    """trainer.early_stopping_patience that could never stop training: the first evaluation is the best so far,
+    so stopping needs `patience` more before the last step. None where the numbers are not known yet (epochs before
+    the data is loaded) or it can stop."""
+    patience = tr.early_stopping_patience
+    interval = tr.eval_every or steps_per_epoch
+    if not patience or not interval or max_steps <= 0:
+        return None
+    evaluations = (max_steps - 1) // interval
+    if evaluations > patience:
+        return None
+    every = f"trainer.eval_every={tr.eval_every}" if tr.eval_every else f"every epoch ({steps_per_epoch} steps)"
+    return (f"trainer.early_stopping_patience={patience}: this run evaluates {evaluations} time(s) before its last "
+            f"step ({max_steps} steps, {every}), so it could never stop early; evaluate more often (trainer.eval_every"
+            f"={max(1, (max_steps - 1) // (patience + 1))} or less) or lower the patience")
 
 
 def _finite(x) -> bool:
@@ -211,6 +268,7 @@ CHECKED_ELSEWHERE = {
     "task.max_length", "task.extra_validation_splits", "task.token_column", "task.tag_column",
     "task.label_all_subtokens", "task.tag_scheme", "task.seqeval_mode", "task.doc_stride", "task.max_answer_length",
     "task.n_best", "task.version_2", "task.positive_label", "task.column_names", "model.pretrained", "model.arch", "model.attn_implementation",
+    "model.gradient_checkpointing",
     "precision.name", "precision.init_scale", "precision.growth_factor", "precision.backoff_factor",
     "precision.growth_interval", "precision.max_consecutive_nonfinite", "precision.max_loss_ratio", "distributed.name", "distributed.backend", "distributed.deepspeed_precision",
     "distributed.num_processes", "distributed.num_machines", "distributed.machine_rank",
@@ -220,7 +278,7 @@ CHECKED_ELSEWHERE = {
     "trainer.max_steps", "trainer.max_minutes", "trainer.batch_size", "trainer.grad_accum", "trainer.log_every", "trainer.eval_every",
     "trainer.group_by_length", "trainer.length_group_size", "trainer.padding", "trainer.pad_to_multiple_of",
     "trainer.compile", "trainer.compile_buckets", "trainer.num_workers", "trainer.length_chunks",
-    "trainer.length_chunk_cost", "trainer.cpu", "trainer.progress_bar",
+    "trainer.length_chunk_cost", "trainer.cpu", "trainer.progress_bar", "trainer.early_stopping_patience",
     "checkpoint.every", "checkpoint.keep_last", "checkpoint.keep_best", "checkpoint.metric", "checkpoint.mode",
     "checkpoint.resume", "checkpoint.allow_config_change", "checkpoint.export", "checkpoint.export_best",
     "checkpoint.reuse_run_dir", "logging.name",

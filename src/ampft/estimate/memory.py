@@ -21,6 +21,10 @@ Sharding over N ranks (activations are per rank and never divided; batch is per 
   (ampft's FSDP2 policy casts nothing) and one layer's unsharded gradients before their reduce-scatter. With
   `distributed.fsdp_reshard_after_forward=false` the whole model stays gathered from forward to backward.
 
+With gradient checkpointing (`model.gradient_checkpointing`) the trace's backward recomputes each layer: the
+activations at the peak are the layers' inputs plus one recomputed layer's, and the weight casts those of the layer
+being recomputed as well as the ones kept for backward.
+
 The weight casts of ZeRO-3 and FSDP2 are not divided: autocast casts the gathered weights and autograd keeps those
 casts for backward after the fp32 shards are released.
 
@@ -98,6 +102,8 @@ def breakdown(tr: StepTrace, strategy: str, sh: Sharding, fp16_scaler: bool, gra
     fb = tr.forward_backward.at_peak
     weights, grads, state, casts = float(tr.weights), float(tr.gradients), float(tr.optimizer_state), \
         float(tr.saved_weight_casts)
+    if tr.checkpointed_layers:  # the casts of the layer being recomputed at the peak, not only those kept for backward
+        casts = max(casts, float(fb.get("weight_casts", 0)))
     master = 0.0
     grad_elem = tr.gradients / max(p, 1)
     if strategy.startswith("zero") and sh.deepspeed_half:

@@ -52,7 +52,8 @@ SUMMARY_HEADER = ["precision", "step peak GiB", "device needs GiB", "fits", "lar
 def markdown(r: dict) -> str:
     dev = r["device"]
     asked = r["rows"][r["precision"]] if r["precision"] in r["rows"] else r["rows"][r["precisions"][0]]
-    out = [f"# Estimate: {r['model']} on {r['task']}, batch {r['batch_size']} x {r['seq_len']} tokens, {dev['label']}",
+    out = [f"# Estimate: {r['model']} on {r['task']}, batch {r['batch_size']} x {r['seq_len']} tokens, {dev['label']}"
+           + (", gradient checkpointing" if r.get("gradient_checkpointing") else ""),
            "", "**Predictions**, not measurements: memory counted from a trace of one training step on fake tensors, "
            "time from a roofline with an efficiency factor calibrated on NVIDIA's published BERT-large A100 figures "
            "(docs/benchmarks/estimate.md states how far both have been off).", ""]
@@ -86,6 +87,9 @@ def markdown(r: dict) -> str:
             f"- {t['params'] / 1e6:.1f}M parameters; {t['flops'] / 1e12:.2f} TFLOP per step (torch.utils.flop_counter's "
             f"formulas); traced in {t['seconds']} s",
             "- saved for backward by dtype (GiB): " + ", ".join(f"{k} {gib(v)}" for k, v in t["saved_by_dtype"].items()),
+            (f"- gradient checkpointing (model.gradient_checkpointing=true): {t['checkpointed_layers']} layers keep only "
+             "their inputs and are recomputed in the backward pass; the FLOPs and the time include the recomputed "
+             "forward" if t.get("checkpointed_layers") else "- gradient checkpointing: off (model.gradient_checkpointing)"),
             f"- device: {dev['label']}, {dev['bandwidth_gbs']:.0f} GB/s, peak TFLOP/s "
             + ", ".join(f"{k} {v:g}" for k, v in dev["tflops"].items() if v) + f" ({dev['source']})",
             f"- efficiency: {r['efficiency']:.3f} of the roofline" if r["efficiency"] else "- efficiency: —",
@@ -99,7 +103,8 @@ def console(r: dict) -> str:
     """The short version for the terminal."""
     dev = r["device"]
     lines = [f"{r['model']} / {r['task']}, batch {r['batch_size']} x {r['seq_len']}, on {dev['label']} "
-             f"({gib(r['usable_bytes'])} GiB usable) -- PREDICTED"]
+             f"({gib(r['usable_bytes'])} GiB usable)" + (", gradient checkpointing" if r.get("gradient_checkpointing")
+                                                        else "") + " -- PREDICTED"]
     widths = [12, 9, 9, 5, 9, 8, 8, 9, 5, 8]
     header = ["precision", "peak GiB", "needs GiB", "fits", "max batch", "mem/fp32", "step ms", "samples/s", "MFU",
               "time/fp32"]

@@ -215,7 +215,7 @@ def estimate(cfg: DictConfig, command: str = "") -> dict:
                        trace=dict(params=tr.params, weights=tr.weights, gradients=tr.gradients,
                                   optimizer_state=tr.optimizer_state, saved_activations=tr.saved_activations,
                                   saved_weight_casts=tr.saved_weight_casts, saved_by_dtype=tr.saved_by_dtype,
-                                  flops=tr.flops,
+                                  flops=tr.flops, checkpointed_layers=tr.checkpointed_layers,
                                   seconds=round(tr.seconds, 2)))
         if not ok:
             notes.append(f"{dev.label} has no {p} support: its memory is shown, no time")
@@ -225,6 +225,7 @@ def estimate(cfg: DictConfig, command: str = "") -> dict:
         command=command, model=cfg.model.name, task=cfg.task.name, family=cfg.task.family,
         batch_size=int(cfg.trainer.batch_size), seq_len=int(cfg.task.max_length), grad_accum=int(cfg.trainer.grad_accum),
         precision=Precision(cfg.precision.name).value, precisions=precisions, strategy=chosen, ranks=ranks,
+        gradient_checkpointing=bool(cfg.model.gradient_checkpointing),
         device=dataclasses.asdict(dev), usable_bytes=usable, overheads=dataclasses.asdict(over),
         efficiency=(rows[precisions[0]]["time"] or {}).get("efficiency"), calibration=timing.CALIBRATION,
         rows=rows, verdicts=verdicts(rows, dev, cfg), notes=notes, warnings=warnings,

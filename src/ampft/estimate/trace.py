@@ -216,6 +216,9 @@ class StepTrace:
     largest_block_params: int  # one transformer layer (what FSDP / ZeRO-3 gather at a time)
     flop_counter_total: int | None  # FlopCounterMode's own forward + backward total, when asked (a cross-check)
     seconds: float
+    # Layers whose forward the backward pass recomputed (model.gradient_checkpointing); 0: none. Their FLOPs and
+    # temporaries are in `forward_backward`; only their inputs are in `saved_activations`.
+    checkpointed_layers: int = 0
 
     @property
     def flops(self) -> int:
@@ -250,6 +253,32 @@ def largest_block(model: torch.nn.Module) -> int:
     return max(sum(p.numel() for p in b.parameters()) for b in biggest)
 
 
+def _checkpointed(model: torch.nn.Module, keep, target: str, calls: list) -> dict:
+    """model.gradient_checkpointing: each checkpointed layer keeps only its inputs for backward (`keep` counts them
+    as saved), and the backward pass recomputes its forward. torch's checkpoint replays autocast there but not the
+    forward's torch-function modes, so for a CUDA target `CudaPolicy` is handed to the recompute as its context
+    (checkpoint's `context_fn`): the recompute keeps CUDA's dtypes and kernels too. Returns each changed module's
+    own checkpoint function, to put back; `calls` gets one entry per checkpointed forward."""
+    changed = {}
+    for mod in model.modules():
+        func = getattr(mod, "_gradient_checkpointing_func", None)
+        if func is None or not getattr(mod, "gradient_checkpointing", False):
+            continue
+        changed[mod] = func
+
+        def traced(fn, *args, _func=func, **kwargs):
+            calls.append(1)
+            for t in args:
+                if isinstance(t, torch.Tensor):
+                    keep(t)
+            if target == "cuda":
+                kwargs["context_fn"] = lambda: (contextlib.nullcontext(), CudaPolicy())
+            return _func(fn, *args, **kwargs)
+
+        mod._gradient_checkpointing_func = traced
+    return changed
+
+
 def trace_step(model: torch.nn.Module, batch: dict, precision: str, target: str = "cuda",
                make_optimizer=None, max_grad_norm: float = 1.0, mode=None, optimizer: bool = True,
                flop_counter: bool = False) -> StepTrace:
@@ -276,6 +305,8 @@ def trace_step(model: torch.nn.Module, batch: dict, precision: str, target: str 
             live.tag(t, "activations")
         return t
 
+    recomputed: list = []
+    checkpointed = _checkpointed(model, pack, target, recomputed)
     handles = [p.register_post_accumulate_grad_hook(lambda p: live.tag(p.grad, "gradients")) for p in params
                if p.requires_grad]
     autocast = (torch.autocast("cpu", dtype=HALF[precision]) if precision in HALF else contextlib.nullcontext())
@@ -305,6 +336,8 @@ def trace_step(model: torch.nn.Module, batch: dict, precision: str, target: str 
                                                                         for t in states}.values())
                     opt.zero_grad(set_to_none=True)
     finally:
+        for mod, func in checkpointed.items():
+            mod._gradient_checkpointing_func = func
         for h in handles:
             h.remove()
         for p in params:
@@ -321,5 +354,5 @@ def trace_step(model: torch.nn.Module, batch: dict, precision: str, target: str 
         saved_by_dtype=dict(by_dtype), forward_backward=fwd_bwd, optimizer_step=step_phase,
         largest_block_params=largest_block(model),
         flop_counter_total=int(counter.get_total_flops()) if flop_counter else None,
-        seconds=time.perf_counter() - started,
+        seconds=time.perf_counter() - started, checkpointed_layers=len(recomputed),
     )

@@ -4,6 +4,8 @@
     python -m ampft.estimate.validate --quick                   # tiny-bert only
     python -m ampft.estimate.validate --render rows.jsonl       # the Markdown table of docs/benchmarks/estimate.md
     python -m ampft.estimate.validate --repredict rows.jsonl    # the same rows, predictions made again now
+    python -m ampft.estimate.validate --checkpointing > gc.jsonl  # fp32 with and without gradient checkpointing
+    python -m ampft.estimate.validate --checkpointing --setting bert-base,8,384   # one setting (MODEL,BATCH,LENGTH)
 
 Each setting is measured in a fresh process, so nothing of an earlier setting stays in its memory. The step's own
 peak: glibc is told to serve every allocation of 64 KiB or more by mmap (MALLOC_MMAP_THRESHOLD_=65536, set before the
@@ -14,7 +16,8 @@ was resident before: the memory the step itself added, which is what the trace p
 optimizer state (the larger of the forward/backward peak and the optimizer step's, less the state). torch's CPU
 allocator has no statistics to read, and tracemalloc sees no tensor memory; this reads what the kernel counts.
 Step times: the two precisions alternate step by step in the same process (median of the timed steps), so load from
-other processes falls on both.
+other processes falls on both. `--checkpointing` does the same for fp32 without and with model.gradient_checkpointing,
+switched on the one model between steps.
 """
 
 from __future__ import annotations
@@ -40,6 +43,8 @@ from ampft.tasks import family_for
 SETTINGS = [("tiny-bert", 8, 64), ("tiny-bert", 32, 128), ("minilm-l6", 8, 64), ("minilm-l6", 16, 128),
             ("bert-base", 4, 64), ("bert-base", 8, 128)]
 QUICK = [("tiny-bert", 8, 64)]
+# With and without model.gradient_checkpointing (fp32): `--checkpointing`.
+CHECKPOINTING = [("tiny-bert", 32, 128), ("minilm-l6", 16, 128), ("bert-base", 4, 128), ("bert-base", 8, 384)]
 
 
 def _status(key: str) -> int:
@@ -49,14 +54,23 @@ def _status(key: str) -> int:
     raise RuntimeError(f"no {key} in /proc/self/status")
 
 
-def _overrides(model: str, batch: int, length: int) -> list[str]:
-    return [f"model={model}", f"trainer.batch_size={batch}", f"task.max_length={length}", "estimate.gpu=cpu"]
+def _overrides(model: str, batch: int, length: int, checkpointing: bool = False) -> list[str]:
+    return [f"model={model}", f"trainer.batch_size={batch}", f"task.max_length={length}", "estimate.gpu=cpu",
+            f"model.gradient_checkpointing={str(checkpointing).lower()}"]
 
 
-def measure_here(model: str, batch: int, length: int, precisions: list[str], timed: int) -> dict:
-    """In this (fresh) process: each precision's step peak above the resident baseline, and step times."""
+def arm(precision: str, checkpointing: bool) -> str:
+    """The name of a measured arm: the precision, with `+checkpointing` for model.gradient_checkpointing=true."""
+    return precision + ("+checkpointing" if checkpointing else "")
+
+
+def measure_here(model: str, batch: int, length: int, precisions: list[str], timed: int,
+                 checkpointing: tuple[bool, ...] = (False,)) -> dict:
+    """In this (fresh) process: each arm's step peak above the resident baseline, and step times. An arm is a
+    precision, with and/or without gradient checkpointing (`checkpointing`), switched on the same model."""
     import torch
 
+    from ampft.models import enable_gradient_checkpointing
 
     cfg = compose(_overrides(model, batch, length))
     m = cfg.model.copy()
@@ -71,7 +85,9 @@ def measure_here(model: str, batch: int, length: int, precisions: list[str], tim
                 token_type_ids=torch.zeros(shape, dtype=torch.long), labels=torch.zeros(batch, dtype=torch.long))
     net.train()
 
-    def step(p: str) -> None:
+    def step(p: str, gc: bool) -> None:
+        if gc != net.is_activation_checkpointing:
+            enable_gradient_checkpointing(net, model) if gc else net.activation_checkpointing_disable()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=p == "bf16"):
             loss = net(**data).loss
         loss.backward()
@@ -80,39 +96,41 @@ def measure_here(model: str, batch: int, length: int, precisions: list[str], tim
         opt.zero_grad(set_to_none=True)
 
     libc = ctypes.CDLL("libc.so.6")
-    out: dict = {"peak": {}, "seconds": {p: [] for p in precisions}}
-    for p in precisions:
-        step(p)
-        step(p)
+    arms = [(p, c) for c in checkpointing for p in precisions]
+    out: dict = {"peak": {}, "seconds": {arm(p, c): [] for p, c in arms}}
+    for p, c in arms:
+        step(p, c)
+        step(p, c)
         gc.collect()
         libc.malloc_trim(0)
         before = _status("VmRSS")
         Path("/proc/self/clear_refs").write_text("5")
-        step(p)
-        out["peak"][p] = _status("VmHWM") - before
+        step(p, c)
+        out["peak"][arm(p, c)] = _status("VmHWM") - before
     for _ in range(timed):
-        for p in precisions:
+        for p, c in arms:
             start = time.perf_counter()
-            step(p)
-            out["seconds"][p].append(time.perf_counter() - start)
+            step(p, c)
+            out["seconds"][arm(p, c)].append(time.perf_counter() - start)
     return out
 
 
-def measure(model: str, batch: int, length: int, precisions: list[str], timed: int = 3) -> dict:
+def measure(model: str, batch: int, length: int, precisions: list[str], timed: int = 3,
+            checkpointing: tuple[bool, ...] = (False,)) -> dict:
     """`measure_here` in a fresh process with glibc's mmap threshold at 64 KiB."""
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "65536"}
     cmd = [sys.executable, "-m", "ampft.estimate.validate", "--measure", json.dumps([model, batch, length, precisions,
-                                                                                      timed])]
+                                                                                      timed, list(checkpointing)])]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if r.returncode:
         raise RuntimeError(f"measuring {model} {batch}x{length} failed:\n{r.stderr[-3000:]}")
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def predict(model: str, batch: int, length: int, precisions: list[str], cpu=None) -> dict:
+def predict(model: str, batch: int, length: int, precisions: list[str], cpu=None, checkpointing: bool = False) -> dict:
     """The trace's step peak above weights and state, and the predicted step time, per precision, on this CPU."""
 
-    cfg = compose(_overrides(model, batch, length))
+    cfg = compose(_overrides(model, batch, length, checkpointing))
     traces = trace_all(cfg, precisions, "cpu")[0]
     cpu = cpu or gpus.measure_cpu()
     return {p: dict(peak=max(tr.forward_backward.peak, tr.optimizer_step.peak - tr.optimizer_state),
@@ -135,6 +153,45 @@ def validate(settings, timed: int = 3) -> list[dict]:
         rows.append(row)
         print(json.dumps(row), flush=True)
     return rows
+
+
+def validate_checkpointing(settings, timed: int = 3) -> list[dict]:
+    """fp32 with and without model.gradient_checkpointing: each one's step peak, and the time ratio of the two
+    (alternating step by step in one process), measured and predicted."""
+    cpu = gpus.measure_cpu()
+    rows = []
+    for model, batch, length in settings:
+        measured = measure(model, batch, length, ["fp32"], timed, checkpointing=(False, True))
+        row = dict(kind="checkpointing", model=model, batch=batch, length=length, precision="fp32")
+        for c in (False, True):
+            predicted = predict(model, batch, length, ["fp32"], cpu, checkpointing=c)["fp32"]
+            name = "on" if c else "off"
+            row[f"{name}_peak_measured"] = measured["peak"][arm("fp32", c)]
+            row[f"{name}_peak_predicted"] = predicted["peak"]
+            row[f"{name}_seconds_measured"] = statistics.median(measured["seconds"][arm("fp32", c)])
+            row[f"{name}_seconds_predicted"] = predicted["seconds"]
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows
+
+
+def markdown_checkpointing(rows: list[dict]) -> str:
+    """Predicted vs measured per setting: the step's own peak (MiB) without and with gradient checkpointing, and
+    the with/without step-time ratio."""
+    out = ["| model | batch x length | step peak MiB without, predicted / measured (error) | with checkpointing, "
+           "predicted / measured (error) | peak with / without, measured | time with / without, predicted / measured "
+           "(error) |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        cells = []
+        for c in ("off", "on"):
+            pr, me = r[f"{c}_peak_predicted"], r[f"{c}_peak_measured"]
+            cells.append(f"{pr / 2**20:.1f} / {me / 2**20:.1f} ({error(pr, me):+.1%})")
+        cells.append(f"{r['on_peak_measured'] / r['off_peak_measured']:.0%}")
+        rp = r["on_seconds_predicted"] / r["off_seconds_predicted"]
+        rm = r["on_seconds_measured"] / r["off_seconds_measured"]
+        cells.append(f"{rp:.2f} / {rm:.2f} ({error(rp, rm):+.0%})")
+        out.append(f"| {r['model']} | {r['batch']} x {r['length']} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
 
 
 def error(predicted: float, measured: float) -> float:
@@ -161,6 +218,13 @@ def repredict(rows: list[dict]) -> list[dict]:
 
     cpu = gpus.measure_cpu()
     for r in rows:
+        if r.get("kind") == "checkpointing":
+            for c in (False, True):
+                predicted = predict(r["model"], r["batch"], r["length"], ["fp32"], cpu, checkpointing=c)["fp32"]
+                r[f"{'on' if c else 'off'}_peak_predicted"] = predicted["peak"]
+                r[f"{'on' if c else 'off'}_seconds_predicted"] = predicted["seconds"]
+            print(json.dumps(r), flush=True)
+            continue
         predicted = predict(r["model"], r["batch"], r["length"], ["fp32", "bf16"], cpu)
         for p in ("fp32", "bf16"):
             r[f"{p}_peak_predicted"] = predicted[p]["peak"]
@@ -174,12 +238,17 @@ if __name__ == "__main__":
     ap.add_argument("--measure")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--timed", type=int, default=3)
+    ap.add_argument("--checkpointing", action="store_true", help="fp32 with and without gradient checkpointing")
+    ap.add_argument("--setting", action="append", help="MODEL,BATCH,LENGTH instead of the built-in list")
     ap.add_argument("--render")
     ap.add_argument("--repredict")
     args = ap.parse_args()
+    chosen = [(m, int(b), int(n)) for m, b, n in (x.split(",") for x in args.setting or [])]
     if args.render or args.repredict:
         rows = [json.loads(line) for line in Path(args.render or args.repredict).read_text().splitlines() if line]
-        print(markdown(rows) if args.render else "", end="\n" if args.render else "")
+        if args.render:
+            kinds = {r.get("kind") for r in rows}
+            print(markdown_checkpointing(rows) if kinds == {"checkpointing"} else markdown(rows))
         if args.repredict:
             repredict(rows)
     elif args.measure:
@@ -187,5 +256,7 @@ if __name__ == "__main__":
 
         logging.disable(logging.WARNING)
         print(json.dumps(measure_here(*json.loads(args.measure))))
+    elif args.checkpointing:
+        validate_checkpointing(chosen or (QUICK if args.quick else CHECKPOINTING), args.timed)
     else:
-        validate(QUICK if args.quick else SETTINGS, args.timed)
+        validate(chosen or (QUICK if args.quick else SETTINGS), args.timed)
