@@ -271,6 +271,26 @@ def test_two_cpu_ranks_equal_one_process_through_sigkill_and_resume(tmp_path, on
 
 
 @pytest.mark.distributed
+@pytest.mark.parametrize("backend", ["ddp", "deepspeed-z3", "fsdp"])
+def test_gradient_checkpointing_on_two_ranks_trains_as_one_process_without_it(tmp_path, one_process, backend):
+    """model.gradient_checkpointing=true, the one switch: under DDP, ZeRO-3 (its partitioned weights gathered again
+    for the recomputed forward) and FSDP2 (its own activation checkpointing off) each logged loss is one process's
+    without checkpointing, and the export reloads to the run's evaluation."""
+    run_dir = tmp_path / "run"
+    proc = _popen(run_dir, *EXACT, f"distributed={backend}", "nproc=2", "trainer.batch_size=4",
+                  "model.gradient_checkpointing=true")
+    assert proc.wait() == 0, _log(run_dir)
+    ref = {e["step"]: e["loss"] for e in _events(one_process, "train")}
+    got = {e["step"]: e["loss"] for e in _events(run_dir, "train")}
+    assert sorted(got) == sorted(ref)
+    for step, loss in got.items():
+        assert loss == pytest.approx(ref[step], abs=LOSS_TOL), step
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["gradient_checkpointing"] and summary["num_processes"] == 2
+    assert_export_reproduces(run_dir)
+
+
+@pytest.mark.distributed
 def test_resuming_on_another_number_of_processes_is_refused_unless_allowed(tmp_path, one_process):
     """One process's step-8 checkpoint resumed on two ranks: refused (the world size is recorded in the
     checkpoint), naming the change; allowed, with the same global batch (2 x 4), it goes on as one process
