@@ -1,0 +1,85 @@
+"""The user docs hold together: every relative link in README.md and docs/ points at a file (and heading) that
+exists, and every `make finetune` / `make print-config` line they show composes, so no page shows a key or an
+option the config does not have."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import ROOT, compose_config
+
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "docs" / "benchmarks").glob("*.md"))]
+FENCE = re.compile(r"^```.*?^```", re.S | re.M)
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def _prose(page: Path) -> str:
+    """The page without its fenced code blocks (a command there is not a link)."""
+    return FENCE.sub("", page.read_text())
+
+
+def _anchors(page: Path) -> set[str]:
+    """GitHub's heading anchors: lower case, punctuation dropped, spaces as hyphens, repeats numbered."""
+    seen: dict[str, int] = {}
+    out = set()
+    for line in _prose(page).splitlines():
+        if m := re.match(r"#{1,6}\s+(.*)", line):
+            slug = re.sub(r"[^\w\- ]", "", m.group(1).strip().lower()).replace(" ", "-")
+            n = seen.get(slug, 0)
+            seen[slug] = n + 1
+            out.add(slug if n == 0 else f"{slug}-{n}")
+    return out
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_relative_links_resolve(page):
+    broken = []
+    for target in LINK.findall(_prose(page)):
+        if re.match(r"[a-z]+:", target):  # https:, mailto:
+            continue
+        path, _, anchor = target.partition("#")
+        dest = (page.parent / path).resolve() if path else page
+        if not dest.exists():
+            broken.append(f"{target}: no such file")
+        elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest):
+            broken.append(f"{target}: no heading #{anchor} in {dest.relative_to(ROOT)}")
+        elif anchor and dest.is_dir() and anchor not in _anchors(dest / "README.md"):
+            broken.append(f"{target}: no heading #{anchor} in {dest.relative_to(ROOT)}/README.md")
+    assert not broken, broken
+
+
+def _make_lines() -> list[list[str]]:
+    """The words after `make finetune` / `make print-config` of every such line in a page's code blocks, the
+    make-only variables translated as the Makefile does (nproc=N is distributed.num_processes, dry_run dropped)."""
+    out = []
+    for page in PAGES:
+        for block in FENCE.findall(page.read_text()):
+            lines = block.splitlines()[1:-1]
+            i = 0
+            while i < len(lines):
+                text = lines[i].strip()
+                while text.endswith("\\"):
+                    i += 1
+                    text = text[:-1] + " " + lines[i].strip()
+                i += 1
+                if not re.match(r"([A-Z_]+=\S+ )*make (finetune|print-config)\b", text):
+                    continue
+                words = shlex.split(text.split("  #")[0])
+                while words and re.match(r"[A-Z_]+=", words[0]):  # WANDB_MODE=offline make ...
+                    words = words[1:]
+                if words[:2] in (["make", "finetune"], ["make", "print-config"]):
+                    out.append([w.replace("nproc=", "distributed.num_processes=", 1) if w.startswith("nproc=") else w
+                                for w in words[2:] if not w.startswith("dry_run=")])
+    return out
+
+
+def test_documented_make_finetune_lines_compose():
+    """A misspelt key or option in a documented command would fail here, as it fails for the user (exit 2)."""
+    lines = _make_lines()
+    assert len(lines) >= 30
+    for words in lines:
+        compose_config("finetune", words)
