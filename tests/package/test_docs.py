@@ -1,6 +1,6 @@
 """The user docs hold together: every relative link in README.md and docs/ points at a file (and heading) that
-exists, and every `make finetune` / `make print-config` line they show composes, so no page shows a key or an
-option the config does not have."""
+exists, and every `make finetune` / `make print-config` line they show composes and validates, so no page
+shows a key, an option or a value the config does not accept."""
 
 from __future__ import annotations
 
@@ -77,9 +77,22 @@ def _make_lines() -> list[list[str]]:
     return out
 
 
-def test_documented_make_finetune_lines_compose():
-    """A misspelt key or option in a documented command would fail here, as it fails for the user (exit 2)."""
+def _names_a_path(word: str) -> bool:
+    """A data file or checkpoint that stands for the user's own (tests/data/test_glue_files.py loads the GLUE,
+    CoNLL and SQuAD ones with real files in their place)."""
+    key, _, value = word.partition("=")
+    return key.endswith("_file") or key == "task.extra_validation_splits" or (key == "checkpoint.resume"
+                                                                              and value != "latest")
+
+
+def test_documented_make_finetune_lines_compose_and_validate():
+    """A misspelt key or option, or a value out of range, in a documented command would fail here, as it fails
+    for the user (exit 2); lines that name no file of the user's also pass validate()."""
+    from ampft.validation import validate
+
     lines = _make_lines()
     assert len(lines) >= 30
-    for words in lines:
-        compose_config("finetune", words)
+    for words in {tuple(x): x for x in lines}.values():
+        cfg = compose_config("finetune", words)
+        if not any(_names_a_path(w) for w in words):
+            validate(cfg)
