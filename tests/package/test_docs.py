@@ -12,7 +12,8 @@ import pytest
 
 from tests.helpers import ROOT, compose_config
 
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "docs" / "benchmarks").glob("*.md"))]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")),
+         *sorted((ROOT / "docs" / "benchmarks").glob("*.md"))]
 FENCE = re.compile(r"^```.*?^```", re.S | re.M)
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 
@@ -54,7 +55,8 @@ def test_relative_links_resolve(page):
 
 def _make_lines() -> list[list[str]]:
     """The words after `make finetune` / `make print-config` of every such line in a page's code blocks, the
-    make-only variables translated as the Makefile does (nproc=N is distributed.num_processes, dry_run dropped)."""
+    make-only variables translated as the Makefile does (nproc=N is distributed.num_processes, dry_run
+    dropped)."""
     out = []
     for page in PAGES:
         for block in FENCE.findall(page.read_text()):
@@ -72,7 +74,7 @@ def _make_lines() -> list[list[str]]:
                 while words and re.match(r"[A-Z_]+=", words[0]):  # WANDB_MODE=offline make ...
                     words = words[1:]
                 if words[:2] in (["make", "finetune"], ["make", "print-config"]):
-                    out.append([w.replace("nproc=", "distributed.num_processes=", 1) if w.startswith("nproc=") else w
+                    out.append([f"distributed.num_processes={w[6:]}" if w.startswith("nproc=") else w
                                 for w in words[2:] if not w.startswith("dry_run=")])
     return out
 
