@@ -82,8 +82,9 @@ def test_make_passes_hostile_values_verbatim_and_runs_nothing(tmp_path, argv_dum
 
 
 def test_a_make_variable_name_is_expanded_by_make_itself_and_then_refused(tmp_path):
-    """What the README says: make expands a variable *name* while reading its command line, before it reads any
-    Makefile (so no Makefile can stop the $(shell ...) in it); what the name became reaches Hydra and is refused."""
+    """What docs/configuration.md says: make expands a variable *name* while reading its command line, before it
+    reads any Makefile (so no Makefile can stop the $(shell ...) in it); what the name became reaches Hydra and is
+    refused."""
     x = tmp_path / "by-make"
     empty = tmp_path / "empty"
     empty.mkdir()

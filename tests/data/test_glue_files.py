@@ -231,9 +231,11 @@ def test_tiny_training_run_on_the_official_layout(task, glue_data, tmp_path):
     assert summary["positive_label"] == {"cola": "acceptable", "mrpc": "equivalent"}[task]
 
 
-def _readme_commands() -> list[list[str]]:
-    """The README's `make finetune|reproduce ...` lines that read local GLUE, SST-2, CoNLL or SQuAD files."""
-    lines = (ROOT / "README.md").read_text().splitlines()
+def _documented_commands() -> list[list[str]]:
+    """The `make finetune|reproduce ...` lines of README.md and docs/*.md that read local GLUE, SST-2, CoNLL or
+    SQuAD files."""
+    lines = [x for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+             for x in page.read_text().splitlines()]
     out, i = [], 0
     while i < len(lines):
         text = lines[i].strip()
@@ -249,10 +251,10 @@ def _readme_commands() -> list[list[str]]:
     return out
 
 
-def test_readme_local_file_commands_load_the_files(glue_data):
-    """Every README command for local GLUE/CoNLL/SQuAD files, with its paths pointed at the files written here
+def test_documented_local_file_commands_load_the_files(glue_data):
+    """Every documented command for local GLUE/CoNLL/SQuAD files, with its paths pointed at the files written here
     (GLUE layouts) or at the real ones in ../shared/data, validates and loads."""
-    commands = _readme_commands()
+    commands = _documented_commands()
     assert len(commands) >= 10
     conll, squad, sst2 = shared("conll2003"), shared("squad", "expmrc-squad-dev.json"), shared("sst2")
     for words in commands:
