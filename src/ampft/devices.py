@@ -1,7 +1,9 @@
 """The GPUs ampft knows: memory, memory bandwidth and dense peak TFLOP/s per precision, from the vendors' datasheets.
 
 One table for its two users: `make estimate` (`estimate.gpu=...`: what a recipe needs and how long it takes) and
-the benchmarks' MFU (`ampft.benchmark.flops.peak_tflops`, matched by `torch.cuda.get_device_name()`).
+the benchmarks' MFU (`ampft.benchmark.flops.peak_tflops`, matched by `torch.cuda.get_device_name()`). Beside it,
+the published claims both check (`TIME_CLAIM` ..., the NVIDIA and Hugging Face anchors): the benchmark measures them,
+the estimate predicts them, and neither package imports the other for them.
 
 Tensor Core figures are dense: datasheets print them "with sparsity", twice as high, and are halved here. fp32 is
 the CUDA-core rate that `precision=fp32` (TF32 off) runs at; tf32/fp16/bf16 are Tensor Core rates with fp32
@@ -79,3 +81,12 @@ CUDA_NAMES = [(r"H200.*NVL", "h200-nvl"), (r"H200", "h200"), (r"H100.*PCIe", "h1
 def for_cuda_name(name: str) -> Device | None:
     """The table's entry for a CUDA device name, or None when ampft does not know that GPU."""
     return next((GPUS[key] for pattern, key in CUDA_NAMES if re.search(pattern, name, re.IGNORECASE)), None)
+
+
+# The published claims both the benchmark (measured) and the estimate (predicted) check: NVIDIA's mixed-precision
+# training guide and Hugging Face's performance docs.
+TIME_CLAIM, MEMORY_CLAIM, SLACK = 0.60, 0.57, 0.10  # "about": within 10 points, or better
+TENSOR_CORE_SPEEDUP = (1.5, 3.0)
+NVIDIA_ANCHOR = dict(device="A100-80GB", model="bert-large", seq_len=384, batch_size=32, tf32=61.5, fp16=110.5,
+                     f1_tf32=90.93, f1_fp16=90.96)
+HF_ANCHOR = dict(device="V100", model="bert-large", seq_len=512, batch_size=4, speedup=2.1, memory_saving=0.07)

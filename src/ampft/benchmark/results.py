@@ -7,15 +7,9 @@ results.json without re-measuring: `render(json.load(open("results.json")))`.
 from __future__ import annotations
 
 from ampft.benchmark import flops, stats
+from ampft.devices import HF_ANCHOR, MEMORY_CLAIM, NVIDIA_ANCHOR, SLACK, TENSOR_CORE_SPEEDUP, TIME_CLAIM
 
 REPRODUCED, NOT_REPRODUCED, NOT_CHECKED = "reproduced", "did not reproduce", "not checked"
-
-# The claims under test (NVIDIA's mixed-precision training guide and Hugging Face's performance docs)
-TIME_CLAIM, MEMORY_CLAIM, SLACK = 0.60, 0.57, 0.10  # "about": within 10 points, or better
-TENSOR_CORE_SPEEDUP = (1.5, 3.0)
-NVIDIA_ANCHOR = dict(device="A100-80GB", model="bert-large", seq_len=384, batch_size=32, tf32=61.5, fp16=110.5,
-                     f1_tf32=90.93, f1_fp16=90.96)
-HF_ANCHOR = dict(device="V100", model="bert-large", seq_len=512, batch_size=4, speedup=2.1, memory_saving=0.07)
 MIXED = ("fp16", "bf16")
 
 

@@ -15,6 +15,7 @@ from ampft.benchmark.accuracy import run_seed
 from ampft.benchmark.config import CONF_DIR, BenchmarkConfigError, Mode, arms_for, check
 from ampft.benchmark.speed import measure_arm, pilot_batch_size
 from ampft.config import ConfigError
+from ampft.estimate.run import predict_arms
 from ampft.extras import MissingExtraError
 from ampft.precision import cpu_fp16_note, cpu_half_support
 from ampft.tasks import check_installed
@@ -187,9 +188,6 @@ def run_benchmark(b: DictConfig, out_dir: Path, conf_dir: Path = CONF_DIR, comma
                 log.warning("no MFU: %s", source)
         results.add_speed_ratios(arms, b.baseline)
         res["speed"] = dict(raw=raw, arms=arms)
-        # (imported here: ampft.estimate builds on ampft.benchmark.results, whose package imports this module)
-        from ampft.estimate.run import predict_arms
-
         res["speed"]["predicted"] = predict_arms({r["arm"]: cfgs[(Mode.speed.value, r["arm"], None)] for r in raw}, env)
 
     if run.acc_arms:
