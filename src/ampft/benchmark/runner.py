@@ -15,9 +15,9 @@ from ampft.benchmark.accuracy import run_seed
 from ampft.benchmark.config import CONF_DIR, BenchmarkConfigError, Mode, arms_for, check
 from ampft.benchmark.speed import measure_arm, pilot_batch_size
 from ampft.config import ConfigError
+from ampft.devices import cpu_fp16_note, cpu_half_support
 from ampft.estimate.run import predict_arms
 from ampft.extras import MissingExtraError
-from ampft.precision import cpu_fp16_note, cpu_half_support
 from ampft.tasks import check_installed
 
 log = logging.getLogger(__name__)

@@ -10,7 +10,7 @@ from pathlib import Path
 from ampft.benchmark.peer.config import Runner
 from ampft.benchmark.peer.profile import SKIP, WARMUP
 from ampft.benchmark.report import BUSY, hardware, table
-from ampft.precision import cpu_half_support
+from ampft.devices import cpu_half_support
 
 
 def render(results: dict) -> str:
