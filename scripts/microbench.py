@@ -96,7 +96,7 @@ def precision(reps: int, steps: int, batch: int | None) -> None:
     from ampft.benchmark.config import CONF_DIR, Mode, arm_overrides, arms_for, compose_finetune
     from ampft.benchmark.environment import OtherLoad, _cpu_model
     from ampft.benchmark.speed import measure_arm
-    from ampft.precision import HALF_CPU_FLAGS, cpu_flags
+    from ampft.devices import HALF_CPU_FLAGS, cpu_flags
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         b = compose(config_name="benchmark_recipe",

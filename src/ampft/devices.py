@@ -1,7 +1,12 @@
 """The GPUs ampft knows: memory, memory bandwidth and dense peak TFLOP/s per precision, from the vendors' datasheets.
 
-One table for its two users: `make estimate` (`estimate.gpu=...`: what a recipe needs and how long it takes) and
-the benchmarks' MFU (`ampft.benchmark.flops.peak_tflops`, matched by `torch.cuda.get_device_name()`).
+CPUs have no table: what decides their half-precision speed is read from /proc/cpuinfo (`cpu_flags`, `cpu_name`,
+`cpu_features`), here too, for the precision checks, the estimate's CPU device and the benchmark reports.
+
+One GPU table for its two users: `make estimate` (`estimate.gpu=...`: what a recipe needs and how long it takes) and
+the benchmarks' MFU (`ampft.benchmark.flops.peak_tflops`, matched by `torch.cuda.get_device_name()`). Beside it,
+the published claims both check (`TIME_CLAIM` ..., the NVIDIA and Hugging Face anchors): the benchmark measures them,
+the estimate predicts them, and neither package imports the other for them.
 
 Tensor Core figures are dense: datasheets print them "with sparsity", twice as high, and are halved here. fp32 is
 the CUDA-core rate that `precision=fp32` (TF32 off) runs at; tf32/fp16/bf16 are Tensor Core rates with fp32
@@ -10,6 +15,7 @@ accumulate (what autocast uses). None: the GPU has no such path (V100 and T4 hav
 
 from __future__ import annotations
 
+import platform
 import re
 from dataclasses import dataclass, field
 
@@ -79,3 +85,70 @@ CUDA_NAMES = [(r"H200.*NVL", "h200-nvl"), (r"H200", "h200"), (r"H100.*PCIe", "h1
 def for_cuda_name(name: str) -> Device | None:
     """The table's entry for a CUDA device name, or None when ampft does not know that GPU."""
     return next((GPUS[key] for pattern, key in CUDA_NAMES if re.search(pattern, name, re.IGNORECASE)), None)
+
+
+# The published claims both the benchmark (measured) and the estimate (predicted) check: NVIDIA's mixed-precision
+# training guide and Hugging Face's performance docs.
+TIME_CLAIM, MEMORY_CLAIM, SLACK = 0.60, 0.57, 0.10  # "about": within 10 points, or better
+TENSOR_CORE_SPEEDUP = (1.5, 3.0)
+NVIDIA_ANCHOR = dict(device="A100-80GB", model="bert-large", seq_len=384, batch_size=32, tf32=61.5, fp16=110.5,
+                     f1_tf32=90.93, f1_fp16=90.96)
+HF_ANCHOR = dict(device="V100", model="bert-large", seq_len=512, batch_size=4, speedup=2.1, memory_saving=0.07)
+
+
+# The CPU features that decide half-precision speed on a CPU (as /proc/cpuinfo spells them). Without native
+# float16 arithmetic (AVX512-FP16 or AMX-FP16) float16 autocast on a CPU is many times slower than fp32, and
+# bfloat16 is fast only with AVX512-BF16 or AMX-BF16: measured ratios per kind of CPU in CPU_SPEED_DOC.
+FP16_CPU_FLAGS = ("avx512_fp16", "amx_fp16")
+BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
+HALF_CPU_FLAGS = ("avx512_fp16", "amx_fp16", "avx512_bf16", "amx_bf16", "amx_tile")
+CPU_SPEED_DOC = "docs/benchmarks/README.md#fp16-and-bf16-speed-by-kind-of-cpu"
+
+
+def _cpuinfo(field: str, cpuinfo: str | None = None) -> str | None:
+    """The first `field` line's value in /proc/cpuinfo (or in the given text); None where there is none."""
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo") as f:
+                cpuinfo = f.read()
+        except OSError:
+            return None
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == field:
+            return value.strip()
+    return None
+
+
+def cpu_flags(cpuinfo: str | None = None) -> set[str]:
+    """The CPU's feature flags: the first `flags` line of /proc/cpuinfo (or of the given text); empty where
+    there is none (not Linux, or an architecture that names them otherwise)."""
+    return set((_cpuinfo("flags", cpuinfo) or "").split())
+
+
+def cpu_name(cpuinfo: str | None = None) -> str:
+    """The CPU's model name (/proc/cpuinfo's `model name`), else what the platform module says."""
+    return _cpuinfo("model name", cpuinfo) or platform.processor() or platform.machine()
+
+
+def cpu_half_support(flags: set[str]) -> dict[str, list[str]]:
+    """{"fp16": the native float16 features present, "bf16": the native bfloat16 ones}: an empty list means
+    that precision has no hardware path on this CPU."""
+    return {"fp16": [f for f in FP16_CPU_FLAGS if f in flags], "bf16": [f for f in BF16_CPU_FLAGS if f in flags]}
+
+
+def cpu_features() -> list[str]:
+    """The CPU features a benchmark report lists: those that decide fp32/bf16/fp16 speed on a CPU."""
+    return sorted(cpu_flags() & {"avx2", "avx512f", *HALF_CPU_FLAGS})
+
+
+def cpu_fp16_note(flags: set[str]) -> str:
+    """What decides fp16 (and bf16) speed on this CPU, in one sentence, from its flags."""
+    have = cpu_half_support(flags)
+    fp16 = (f"this CPU has {' and '.join(have['fp16'])}, so fp16 autocast runs at about fp32's speed, not faster"
+            if have["fp16"] else
+            "this CPU has neither AVX512-FP16 nor AMX-FP16, so fp16 autocast runs many times slower than fp32")
+    slow = "either, so it is slow too" if not have["fp16"] else "and is slow"
+    bf16 = (f"bf16 has {' and '.join(have['bf16'])} here, the fast CPU path" if have["bf16"] else
+            f"bf16 has no AVX512-BF16/AMX-BF16 here {slow}: measure before choosing it")
+    return f"{fp16}; {bf16} (measured figures per kind of CPU: {CPU_SPEED_DOC})"

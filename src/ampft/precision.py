@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import platform
 
 import torch
 from accelerate import Accelerator
@@ -23,61 +22,11 @@ from accelerate.utils import GradScalerKwargs
 from omegaconf import DictConfig
 
 from ampft.config import Precision
+from ampft.devices import CPU_SPEED_DOC, cpu_flags, cpu_fp16_note, cpu_half_support, cpu_name  # noqa: F401 (finetune)
 
 log = logging.getLogger(__name__)
 
 
-# The CPU features that decide half-precision speed on a CPU (as /proc/cpuinfo spells them). Without native
-# float16 arithmetic (AVX512-FP16 or AMX-FP16) float16 autocast on a CPU is many times slower than fp32, and
-# bfloat16 is fast only with AVX512-BF16 or AMX-BF16: measured ratios per kind of CPU in CPU_SPEED_DOC.
-FP16_CPU_FLAGS = ("avx512_fp16", "amx_fp16")
-BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
-HALF_CPU_FLAGS = ("avx512_fp16", "amx_fp16", "avx512_bf16", "amx_bf16", "amx_tile")
-CPU_SPEED_DOC = "docs/benchmarks/README.md#fp16-and-bf16-speed-by-kind-of-cpu"
-
-
-def _cpuinfo(field: str, cpuinfo: str | None = None) -> str | None:
-    """The first `field` line's value in /proc/cpuinfo (or in the given text); None where there is none."""
-    if cpuinfo is None:
-        try:
-            with open("/proc/cpuinfo") as f:
-                cpuinfo = f.read()
-        except OSError:
-            return None
-    for line in cpuinfo.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == field:
-            return value.strip()
-    return None
-
-
-def cpu_flags(cpuinfo: str | None = None) -> set[str]:
-    """The CPU's feature flags: the first `flags` line of /proc/cpuinfo (or of the given text); empty where
-    there is none (not Linux, or an architecture that names them otherwise)."""
-    return set((_cpuinfo("flags", cpuinfo) or "").split())
-
-
-def cpu_name(cpuinfo: str | None = None) -> str:
-    """The CPU's model name (/proc/cpuinfo's `model name`), else what the platform module says."""
-    return _cpuinfo("model name", cpuinfo) or platform.processor() or platform.machine()
-
-
-def cpu_half_support(flags: set[str]) -> dict[str, list[str]]:
-    """{"fp16": the native float16 features present, "bf16": the native bfloat16 ones}: an empty list means
-    that precision has no hardware path on this CPU."""
-    return {"fp16": [f for f in FP16_CPU_FLAGS if f in flags], "bf16": [f for f in BF16_CPU_FLAGS if f in flags]}
-
-
-def cpu_fp16_note(flags: set[str]) -> str:
-    """What decides fp16 (and bf16) speed on this CPU, in one sentence, from its flags."""
-    have = cpu_half_support(flags)
-    fp16 = (f"this CPU has {' and '.join(have['fp16'])}, so fp16 autocast runs at about fp32's speed, not faster"
-            if have["fp16"] else
-            "this CPU has neither AVX512-FP16 nor AMX-FP16, so fp16 autocast runs many times slower than fp32")
-    slow = "either, so it is slow too" if not have["fp16"] else "and is slow"
-    bf16 = (f"bf16 has {' and '.join(have['bf16'])} here, the fast CPU path" if have["bf16"] else
-            f"bf16 has no AVX512-BF16/AMX-BF16 here {slow}: measure before choosing it")
-    return f"{fp16}; {bf16} (measured figures per kind of CPU: {CPU_SPEED_DOC})"
 
 
 def mixed_precision(name: Precision) -> str:

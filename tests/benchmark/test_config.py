@@ -53,7 +53,8 @@ def test_unknown_key_fails_at_compose_time(compose_benchmark):
 def test_all_problems_reported_together(compose_benchmark):
     b = compose_benchmark([
         "benchmark.baseline=fp64", "benchmark.speed.timed_steps=1", "benchmark.sweep.batch_sizes=[8,4]",
-        "benchmark.arms=[{name:fp32,overrides:[\"precision=fp99\"]},{name:bf16,overrides:[\"trainer.batch_sise=3\"]}]",
+        "benchmark.arms=[{name:fp32,overrides:[\"precision=fp99\"]},{name:bf16,overrides:[\"trainer.batch_sise=3\"]},"
+        "{name:hf,runner:trainer}]",
     ]).benchmark
     with pytest.raises(BenchmarkConfigError) as err:
         check(b)
@@ -63,6 +64,7 @@ def test_all_problems_reported_together(compose_benchmark):
     assert "benchmark.sweep.batch_sizes=[8, 4]" in msg
     assert "benchmark.arms[0] (fp32, speed mode)" in msg and "fp99" in msg
     assert "benchmark.arms[1] (bf16, speed mode)" in msg and "batch_sise" in msg
+    assert "benchmark.arms[2] (hf): runner=trainer; the precision benchmark times ampft's own step" in msg
 
 
 def test_arm_overrides_order_and_mode_membership(compose_benchmark):

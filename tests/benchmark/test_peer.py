@@ -11,10 +11,11 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from ampft.benchmark import BenchmarkConfigError
-from ampft.benchmark.peer import check, rerender, run_peer
-from ampft.benchmark.peer.report import write_report
-from ampft.benchmark.peer.results import paired_accuracy, precision_pairs, summarize
+from ampft.benchmark import BenchmarkConfigError, rerender, write_outputs
+from ampft.benchmark.config import check_peer as check
+from ampft.benchmark.peer import run_peer
+from ampft.benchmark.results import paired_accuracy, precision_pairs
+from ampft.benchmark.results import summarize_peer as summarize
 from tests.helpers import CONF, compose_config, shared
 
 PEER_CONFIGS = sorted(p.stem for p in (CONF / "peer").glob("*.yaml"))
@@ -60,14 +61,16 @@ def test_peer_config_arms_differ_only_by_fast_paths_and_precision(name):
 def test_bad_peer_config_names_every_problem():
     p = compose_peer(['peer.arms=[{name: a, runner: ampft, overrides: ["trainer.nonsense=1"]},'
                       '{name: a, runner: trainer, overrides: ["task=conll2003", "task.train_file=x.txt",'
-                      '"task.validation_file=x.txt"]}, {name: c, runner: ampft, overrides: ["model=bert-large"]}]',
+                      '"task.validation_file=x.txt"]}, {name: c, runner: ampft, overrides: ["model=bert-large"]},'
+                      '{name: d, runner: ampft, modes: [speed]}]',
                       "peer.targets=[{arm: a, over: b, min_ratio: 0}]", "peer.seeds=[1,1]"])
     with pytest.raises(BenchmarkConfigError) as err:
         check(p)
     msg = str(err.value)
     for needle in ("duplicate names ['a']", "peer.seeds=[1, 1]", "a over b: both must be arms",
                    "min_ratio=0.0: must be > 0", "trainer.nonsense", "sequence classification only",
-                   "peer.arms[2] (c): model bert-large: model.name_or_path=google-bert/bert-large-uncased is a Hub name"):
+                   "peer.arms[2] (c): model bert-large: model.name_or_path=google-bert/bert-large-uncased is a Hub name",
+                   "peer.arms[3] (d): modes=['speed']; a comparison has no modes"):
         assert needle in msg, needle
 
 
@@ -102,7 +105,7 @@ def test_report_states_missed_targets_and_accuracy_gaps(tmp_path):
     assert [(t["arm"], t["met"]) for t in results["targets"]] == [("ampft", True), ("ampft-random", False)]
     within = {a["arm"]: a["within"] for a in results["accuracy"]}
     assert within == {"ampft": True, "ampft-random": False}
-    md = write_report(results, tmp_path).read_text()
+    md = write_outputs(results, tmp_path).read_text()
     assert "measured 4.00x, **met**" in md and "measured 2.00x, **NOT met**" in md
     assert "ampft-random accuracy within 1 point(s) of trainer: -2.00, **NO**" in md
     assert "**Warning**" in md and "ampft-random 40%" in md
@@ -189,7 +192,7 @@ def test_report_over_seeds_gives_means_medians_and_each_seed(tmp_path):
     assert (acc["arm"], acc["reference"], acc["within"], acc["within_reference_std"]) == ("ampft", "trainer", True, True)
     assert acc["per_seed"] == pytest.approx([2.0, -1.0]) and acc["difference"] == pytest.approx(0.5)
     assert acc["standard_error"] == pytest.approx(1.5) and acc["reference_std"] == pytest.approx(2.8284, abs=1e-4)
-    md = write_report(results, tmp_path).read_text()
+    md = write_outputs(results, tmp_path).read_text()
     assert ("ampft accuracy within 1 point(s) of trainer: +0.50, **yes**. Paired over 2 seeds: +2.00, -1.00, standard "
             "error 1.50; within one seed standard deviation of trainer (2.83): **yes**.") in md
     assert "| ampft | ampft | (defaults) | 32.0 |" in md and "82.50 ± 0.71" in md
@@ -248,7 +251,7 @@ def test_bf16_arms_give_each_sides_gain_and_ampft_over_trainer_per_precision(tmp
     assert v["rows"][0]["ratio"] == pytest.approx(100 / 38) and v["rows"][1]["ratio"] == pytest.approx(125 / 63)
     assert v["rows"][1]["metric_difference"] == pytest.approx(-1.5)  # (75-76 + 74-76) / 2
     assert v["gain_ratio"] == pytest.approx(1.25 / (63 / 38)) and v["gain_at_least_trainer"] is False
-    md = write_report(results, tmp_path).read_text()
+    md = write_outputs(results, tmp_path).read_text()
     assert "## bf16 against fp32" in md
     assert "| ampft | ampft | ampft-bf16 | 100.0 | 125.0 | 1.25x | +0.00, -2.00 | -1.00 |" in md
     assert "| trainer | trainer | trainer-bf16 | 38.0 | 63.0 | 1.66x | -1.00, +0.00 | -0.50 |" in md
@@ -263,11 +266,11 @@ def test_bf16_arms_give_each_sides_gain_and_ampft_over_trainer_per_precision(tmp
     assert "- model.attn_implementation=eager: 0.90x" in md and "- precision=bf16" not in md
     assert "| device | AMD EPYC 9B14, 2 cores, CPU only (no GPU) |" in md and "| CPU features | avx2, avx512f |" in md
     # A CPU with AVX512-BF16, and a GPU: the report says which.
-    md = write_report(summarize(p, cfgs, runs, _env(cpu_features=["avx512_bf16", "amx_bf16"]), None), tmp_path).read_text()
+    md = write_outputs(summarize(p, cfgs, runs, _env(cpu_features=["avx512_bf16", "amx_bf16"]), None), tmp_path).read_text()
     assert "This CPU has avx512_bf16 and amx_bf16, native bf16 arithmetic." in md
     gpu = _env(device_type="cuda", device_name="NVIDIA H200", device_memory_bytes=141 * 2**30, compute_capability="9.0",
                driver="570", cuda="12.8", cudnn=91000)
-    md = write_report(summarize(p, cfgs, runs, gpu, None), tmp_path).read_text()
+    md = write_outputs(summarize(p, cfgs, runs, gpu, None), tmp_path).read_text()
     assert "| device | NVIDIA H200 (141 GiB, compute capability 9.0) |" in md
     assert "| host CPU | AMD EPYC 9B14 (2 cores) |" in md and "| CPU features | avx2, avx512f |" in md
     assert "native bf16 arithmetic" not in md
@@ -322,7 +325,7 @@ def test_with_random_batches_and_no_dropout_ampft_trains_exactly_as_the_trainer(
 def test_a_stopped_benchmark_keeps_a_report_of_the_seeds_it_finished(tmp_path, monkeypatch):
     """results.json and report.md are rewritten after every seed: a benchmark killed during seed 2 (here: an
     arm that raises) leaves the report over seed 1, marked partial, and rerender reproduces it."""
-    from ampft.benchmark.peer import runner
+    from ampft.benchmark import peer as runner
 
     p = compose_peer(['peer.overrides=["model=tiny-bert"]', "peer.seeds=[1,2,3]", "peer.targets=[]",
                       "peer.accuracy_reference=[trainer]",
@@ -351,7 +354,7 @@ def test_a_stopped_benchmark_keeps_a_report_of_the_seeds_it_finished(tmp_path, m
 def _fake_peer(monkeypatch, seeds: list[int], arms: str, out_dir, metric=lambda arm, seed: 0.80 + 0.01 * seed):
     """run_peer over `seeds` with arms that return made-up but seed-dependent speeds and metrics at once (what
     combine works on is results.json, the same whatever produced the runs)."""
-    from ampft.benchmark.peer import runner
+    from ampft.benchmark import peer as runner
 
     def fake_arm(arm, cfg, arm_dir, profile_steps=0):
         seed = cfg.trainer.seed
@@ -374,7 +377,7 @@ def test_combine_summarizes_seeds_from_separate_runs_as_one_run_over_all_of_them
     """Seed 1 in one run, seeds 2-3 in another, and seed 1 of the Trainer measured again in a third: the combined
     report is the report of one run over seeds 1-3 (the same medians, means, paired differences and bf16
     gains), names its sources and is not partial."""
-    from ampft.benchmark.peer.combine import combine
+    from ampft.benchmark.combine import combine
 
     def metric(arm, seed):
         return 0.80 + 0.01 * seed + {"trainer": 0.0, "ampft": -0.004 * seed, "ampft-bf16": 0.003}[arm]
@@ -403,7 +406,7 @@ def test_combine_summarizes_seeds_from_separate_runs_as_one_run_over_all_of_them
 
 
 def test_combine_refuses_runs_that_are_not_one_comparison_and_names_every_reason(tmp_path, monkeypatch, capsys):
-    from ampft.benchmark.peer.combine import combine, main
+    from ampft.benchmark.combine import combine, main
 
     _fake_peer(monkeypatch, [1], ARMS, tmp_path / "a")
     _fake_peer(monkeypatch, [2], ARMS, tmp_path / "b", metric=lambda arm, seed: 0.9)

@@ -72,3 +72,13 @@ def test_calibration_constant_is_current():
     c = calibration()
     assert c["efficiency"] == pytest.approx(timing.EFFICIENCY, rel=0.02)
     assert c["model_speedup"] == pytest.approx(timing.CALIBRATION["model_speedup"], rel=0.02)
+
+
+def test_the_estimate_does_not_import_the_benchmark():
+    """The benchmark builds on the estimate (its predicted rows), never the other way round."""
+    import subprocess
+    import sys
+
+    code = "import sys, ampft.estimate.run, ampft.estimate.report; print('ampft.benchmark' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"

@@ -1,4 +1,4 @@
-"""Prediction vs measurement on this CPU: the step's own peak memory of a real training step (docs/benchmarks/estimate.md
+"""Prediction vs measurement on this CPU (scripts/validate_estimate.py): the step's own peak memory of a real training step (docs/benchmarks/estimate.md
 states the error; this holds the tiny model to it)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ampft.estimate.validate import error, measure, predict
+from scripts.validate_estimate import error, measure, predict
 
 STATED = 0.10  # docs/benchmarks/estimate.md: the step peak within 10% on every setting measured
 

@@ -1,4 +1,8 @@
-"""The benchmark's schema, and the finetune config of each arm composed from it.
+"""The benchmarks' schemas, and the finetune config of each arm composed from them.
+
+Two recipes share them: the precision benchmark (`BenchmarkConfig`, `benchmark_recipe`, conf/benchmark) and the
+comparison with the Hugging Face Trainer (`PeerConfig`, `peer_recipe`, conf/peer), whose arms also name a
+`Runner`. Both compose an arm the same way (`compose_arm`, `validation_problems`, `loadability_problems`).
 
 `conf/benchmark/<name>.yaml` files are merged into `BenchmarkConfig` (registered in Hydra's ConfigStore
 inside the primary config `benchmark_recipe`), so an unknown key or a bad mode fails at compose time.
@@ -24,6 +28,13 @@ from ampft.validation import validate
 CONF_DIR = Path(__file__).resolve().parents[3] / "conf"
 
 
+class Runner(str, Enum):
+    """Who trains a comparison arm (`make benchmark-peer`): ampft, or a run_glue-style transformers.Trainer."""
+
+    trainer = "trainer"
+    ampft = "ampft"
+
+
 class Mode(str, Enum):
     speed = "speed"  # timed steps on synthetic fixed-length batches: step time, throughput, MFU, memory
     accuracy = "accuracy"  # full fine-tuning runs per seed: metric mean/std, difference to the baseline
@@ -31,10 +42,14 @@ class Mode(str, Enum):
 
 @dataclass
 class ArmConfig:
+    """An arm of either benchmark: who trains it and the finetune overrides that make it."""
+
     name: str = MISSING
     # finetune overrides that make this arm, e.g. [precision=bf16, model.attn_implementation=eager]
     overrides: list[str] = field(default_factory=list)
-    # the modes this arm takes part in; null: every mode of the benchmark
+    # trainer: a run_glue-style transformers.Trainer script, in the comparison (conf/peer) only
+    runner: Runner = Runner.ampft
+    # the precision benchmark's modes this arm takes part in; null: every mode of the benchmark
     modes: list[Mode] | None = None
 
 
@@ -93,16 +108,45 @@ class BenchmarkConfig:
     arms: list[ArmConfig] = field(default_factory=list)
 
 
+
+
+@dataclass
+class Target:
+    arm: str = MISSING
+    over: str = MISSING
+    min_ratio: float = MISSING  # training samples/s of `arm` / samples/s of `over`
+
+
+@dataclass
+class PeerConfig:
+    name: str = MISSING
+    overrides: list[str] = field(default_factory=list)  # shared finetune overrides: model, task, batch, lr, ...
+    extra: list[str] = field(default_factory=list)  # more shared overrides, from the command line (after those)
+    seeds: list[int] = field(default_factory=lambda: [42])  # each arm runs once per seed
+    arms: list[ArmConfig] = field(default_factory=list)  # arms[].runner: trainer | ampft; no modes
+    targets: list[Target] = field(default_factory=list)
+    accuracy_tolerance: float = 1.0  # points of task.main_metric (fractions x 100) every arm may differ by
+    accuracy_reference: list[str] = field(default_factory=list)  # arms the others' metric is compared with
+    peak_tflops: float | None = None  # the device's dense peak for the precision run; null: known GPUs only
+    # > 0: torch.profiler over this many training steps of every arm (after 7 unrecorded ones), the same
+    # hook for both runners; the report compares where a step's time goes. 0: no profiling (it slows a run).
+    profile_steps: int = 0
+
+
 def register_configs() -> None:
-    ConfigStore.instance().store(
-        name="benchmark_recipe",
-        node={
-            "defaults": ["_self_", {"benchmark": "cpu-smoke"}],
-            "benchmark": BenchmarkConfig,
-            "hydra": {"run": {"dir": "runs/benchmark/${benchmark.name}/${now:%Y-%m-%d_%H-%M-%S}"},
-                      "job": {"name": "benchmark"}},
-        },
-    )
+    store = ConfigStore.instance()
+    store.store(name="benchmark_recipe", node={
+        "defaults": ["_self_", {"benchmark": "cpu-smoke"}],
+        "benchmark": BenchmarkConfig,
+        "hydra": {"run": {"dir": "runs/benchmark/${benchmark.name}/${now:%Y-%m-%d_%H-%M-%S}"},
+                  "job": {"name": "benchmark"}},
+    })
+    store.store(name="peer_recipe", node={
+        "defaults": ["_self_", {"peer": "sst2-minilm"}],
+        "peer": PeerConfig,
+        "hydra": {"run": {"dir": "runs/benchmark-peer/${peer.name}/${now:%Y-%m-%d_%H-%M-%S}"},
+                  "job": {"name": "benchmark-peer"}},
+    })
 
 
 register_configs()
@@ -186,6 +230,11 @@ def check(b: DictConfig, conf_dir: Path = CONF_DIR) -> dict[tuple[str, str, int 
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         problems.append(f"benchmark.arms has duplicate names {dupes}: each arm needs its own name")
+    for i, arm in enumerate(b.arms):
+        if Runner(arm.runner) != Runner.ampft:
+            problems.append(f"benchmark.arms[{i}] ({arm.name}): runner={Runner(arm.runner).value}; the precision "
+                            "benchmark times ampft's own step: compare with the Trainer in `make benchmark-peer` "
+                            "(conf/peer)")
     if names and b.baseline not in names:
         problems.append(f"benchmark.baseline={b.baseline} is not an arm: choose one of {names}")
     if b.seq_len < 8:
@@ -242,6 +291,46 @@ def check(b: DictConfig, conf_dir: Path = CONF_DIR) -> dict[tuple[str, str, int 
             cfgs[(mode.value, arm.name, seeds[0])] = cfg
             for seed in seeds[1:]:  # the same config but for trainer.seed, so validated once
                 cfgs[(mode.value, arm.name, seed)] = compose_finetune(arm_overrides(b, arm, mode, seed), conf_dir)
+    if problems:
+        raise BenchmarkConfigError(problems)
+    return cfgs
+
+
+def check_peer(p: DictConfig, conf_dir: Path = CONF_DIR) -> dict[str, DictConfig]:
+    """The comparison's `check`: compose and validate every arm's finetune config; raise with every problem."""
+    problems: list[str] = []
+    names = [a.name for a in p.arms]
+    if len(names) < 2:
+        problems.append("peer.arms: give at least two arms (a trainer arm and an ampft arm)")
+    if dupes := sorted({n for n in names if names.count(n) > 1}):
+        problems.append(f"peer.arms has duplicate names {dupes}")
+    if not p.seeds or len(set(p.seeds)) != len(p.seeds):
+        problems.append(f"peer.seeds={list(p.seeds)}: give one or more distinct seeds")
+    for i, t in enumerate(p.targets):
+        if t.arm not in names or t.over not in names:
+            problems.append(f"peer.targets[{i}]: {t.arm} over {t.over}: both must be arms ({names})")
+        if t.min_ratio <= 0:
+            problems.append(f"peer.targets[{i}].min_ratio={t.min_ratio}: must be > 0")
+    if p.profile_steps < 0:
+        problems.append(f"peer.profile_steps={p.profile_steps}: give 0 (no profiling) or a number of steps, e.g. 20")
+    if unknown := [a for a in p.accuracy_reference if a not in names]:
+        problems.append(f"peer.accuracy_reference has {unknown}: not arms ({names})")
+    cfgs: dict[str, DictConfig] = {}
+    for i, arm in enumerate(p.arms):
+        where = f"peer.arms[{i}] ({arm.name})"
+        if arm.modes is not None:
+            problems.append(f"{where}: modes={[Mode(m).value for m in arm.modes]}; a comparison has no modes, every arm trains in "
+                            "full: remove the key")
+        cfg = compose_arm([*p.overrides, *p.extra, *arm.overrides], where, problems, conf_dir)
+        if cfg is None:
+            continue
+        if Runner(arm.runner) == Runner.trainer and cfg.task.family != "classification":
+            problems.append(f"{where}: the trainer runner is run_glue-style, sequence classification only")
+        if invalid := validation_problems(cfg, where):
+            problems.extend(invalid)
+            continue
+        problems.extend(loadability_problems(cfg, where))  # fail now, not after other arms have run
+        cfgs[arm.name] = cfg
     if problems:
         raise BenchmarkConfigError(problems)
     return cfgs

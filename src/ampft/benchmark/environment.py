@@ -12,12 +12,7 @@ import accelerate
 import torch
 import transformers
 
-from ampft.precision import HALF_CPU_FLAGS, cpu_flags, cpu_name
-
-
-def _cpu_features() -> list[str]:
-    """The CPU features that decide bf16/fp16 speed on a CPU."""
-    return sorted(cpu_flags() & {"avx2", "avx512f", *HALF_CPU_FLAGS})
+from ampft.devices import cpu_features, cpu_name
 
 
 def _nvidia_driver() -> str | None:
@@ -55,7 +50,7 @@ def describe(device: torch.device) -> dict:
         cudnn=torch.backends.cudnn.version() if cuda else None,
         cpu=cpu_name(),
         cpu_count=os.cpu_count(),
-        cpu_features=_cpu_features(),
+        cpu_features=cpu_features(),
         torch_threads=torch.get_num_threads(),
         load_average=_load(),  # other processes on the machine make timings noisy
         python=platform.python_version(),

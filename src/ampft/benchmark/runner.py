@@ -10,13 +10,15 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from ampft.benchmark import budget, environment, plots, report, results, stats
+from ampft.benchmark import budget, environment, results, stats
 from ampft.benchmark.accuracy import run_seed
 from ampft.benchmark.config import CONF_DIR, BenchmarkConfigError, Mode, arms_for, check
+from ampft.benchmark.report import write_outputs
 from ampft.benchmark.speed import measure_arm, pilot_batch_size
 from ampft.config import ConfigError
+from ampft.devices import cpu_fp16_note, cpu_half_support
+from ampft.estimate.run import predict_arms
 from ampft.extras import MissingExtraError
-from ampft.precision import cpu_fp16_note, cpu_half_support
 from ampft.tasks import check_installed
 
 log = logging.getLogger(__name__)
@@ -187,9 +189,6 @@ def run_benchmark(b: DictConfig, out_dir: Path, conf_dir: Path = CONF_DIR, comma
                 log.warning("no MFU: %s", source)
         results.add_speed_ratios(arms, b.baseline)
         res["speed"] = dict(raw=raw, arms=arms)
-        # (imported here: ampft.estimate builds on ampft.benchmark.results, whose package imports this module)
-        from ampft.estimate.run import predict_arms
-
         res["speed"]["predicted"] = predict_arms({r["arm"]: cfgs[(Mode.speed.value, r["arm"], None)] for r in raw}, env)
 
     if run.acc_arms:
@@ -305,19 +304,3 @@ def _check_extras(b: DictConfig, cfgs: dict) -> None:
             problems.append(f"benchmark.accuracy.seeds={list(b.accuracy.seeds)}: {exc}")
     if problems:
         raise BenchmarkConfigError(problems)
-
-
-def write_outputs(res: dict, out_dir: Path) -> Path:
-    """results.json, results.csv, the PNGs and report.md; also usable to re-render a saved results.json."""
-    out_dir = Path(out_dir)
-    report.write_json(res, out_dir / "results.json")
-    report.write_csv(res, out_dir / "results.csv")
-    try:
-        made = plots.make_plots(res, out_dir)
-    except MissingExtraError as exc:
-        log.warning("no PNG plots (report.md has every number): %s", exc)
-        made = []
-    path = out_dir / "report.md"
-    path.write_text(report.render(res, made))
-    log.info("report: %s", path)
-    return path

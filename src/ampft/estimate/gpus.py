@@ -9,8 +9,7 @@ import time
 
 import torch
 
-from ampft.devices import GPUS, Device
-from ampft.precision import cpu_name
+from ampft.devices import GPUS, Device, cpu_name
 
 CHOICES = [*GPUS, "cpu"]
 

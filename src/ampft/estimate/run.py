@@ -10,16 +10,17 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from ampft.benchmark.results import (
+from ampft.config import Backend, Precision
+from ampft.devices import (
     HF_ANCHOR,
     MEMORY_CLAIM,
     NVIDIA_ANCHOR,
     SLACK,
     TENSOR_CORE_SPEEDUP,
     TIME_CLAIM,
+    Device,
+    for_cuda_name,
 )
-from ampft.config import Backend, Precision
-from ampft.devices import Device, for_cuda_name
 from ampft.estimate import gpus, memory
 from ampft.estimate import time as timing
 from ampft.estimate.config import check

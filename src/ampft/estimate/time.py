@@ -20,8 +20,7 @@ from __future__ import annotations
 
 import math
 
-from ampft.benchmark.results import NVIDIA_ANCHOR
-from ampft.devices import GPUS, Device
+from ampft.devices import GPUS, NVIDIA_ANCHOR, Device
 from ampft.estimate.trace import StepTrace
 
 # From calibrate() with this tree (torch 2.13): see the module docstring. Recomputed by `python -m ampft.estimate.run`

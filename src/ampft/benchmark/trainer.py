@@ -1,4 +1,5 @@
-"""One arm, in its own process (`python -m ampft.benchmark.peer SPEC OUT`, started by `runner`): the spec
+"""One arm of the comparison with the Trainer, in its own process (`python -m ampft.benchmark.trainer SPEC OUT`,
+started by `peer`): the spec
 file holds the runner, the arm's resolved finetune config and its directory; the arm writes its
 measurements as JSON to OUT.
 
@@ -18,14 +19,17 @@ learning rate], every `trainer.log_every` steps on both sides), and with `profil
 from __future__ import annotations
 
 import json
+import logging
+import sys
 import time
 from pathlib import Path
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from ampft.benchmark.peer.config import Runner
-from ampft.benchmark.peer.profile import StepProfiler
+from ampft.benchmark.accuracy import read_events
+from ampft.benchmark.config import Runner
+from ampft.benchmark.profile import StepProfiler
 from ampft.config import FinetuneConfig, Padding, Precision
 from ampft.finetune import run
 from ampft.models import build_model, load_tokenizer
@@ -40,8 +44,7 @@ def run_ampft(cfg: DictConfig, out_dir: Path) -> dict:
     return dict(
         samples_per_second=s["train_samples_per_second"], tokens_per_second=s["train_tokens_per_second"],
         train_seconds=s["train_seconds"], setup_seconds=s["setup_seconds"], steps=s["steps"],
-        epochs=s["epochs"], eval=s["eval"], train_log=[[m["step"], m["loss"], m["lr"]] for m in map(
-            json.loads, (out_dir / "run" / "metrics.jsonl").read_text().splitlines()) if m["event"] == "train"],
+        epochs=s["epochs"], eval=s["eval"], train_log=[[m["step"], m["loss"], m["lr"]] for m in read_events(out_dir / "run") if m["event"] == "train"],
         attn_implementation=s["attn_implementation"], device=s["device"], precision=s["precision"],
         peak_memory_bytes=s["peak_memory_bytes"], peak_memory_kind=s["peak_memory_kind"],
     )
@@ -126,3 +129,8 @@ def main(spec_path: str, out_path: str) -> None:
     else:
         result = train(cfg, out_dir)
     Path(out_path).write_text(json.dumps(result, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.WARNING)
+    main(*sys.argv[1:3])

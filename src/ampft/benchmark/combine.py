@@ -1,4 +1,4 @@
-"""Seeds measured in separate runs → one report: `python -m ampft.benchmark.peer.combine OUT RUN_DIR...`.
+"""Seeds measured in separate runs → one report: `python -m ampft.benchmark.combine OUT RUN_DIR...`.
 
 A multi-seed comparison often runs in pieces (seed 1 today, seeds 2-3 tonight, a stopped run finished by
 another). `combine` reads each run's results.json and writes OUT/results.json and OUT/report.md over all
@@ -23,10 +23,9 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from ampft.benchmark.config import BenchmarkConfigError
-from ampft.benchmark.peer.config import PeerConfig, check
-from ampft.benchmark.peer.results import summarize
-from ampft.benchmark.peer.runner import save
+from ampft.benchmark.config import BenchmarkConfigError, PeerConfig, check_peer
+from ampft.benchmark.report import write_outputs
+from ampft.benchmark.results import summarize_peer
 from ampft.errors import exit_on_error
 
 # What makes two runs' timings comparable; the date, load and kernel release may differ.
@@ -96,20 +95,20 @@ def combine(run_dirs: list[str | Path], out_dir: str | Path, command: str | None
     env = dict(first["environment"],
                date=", ".join(dict.fromkeys(old["environment"]["date"] for old in olds)),
                load_average=max((old["environment"].get("load_average") or 0.0) for old in olds))
-    results = summarize(p, check(p), ordered, env, command)
+    results = summarize_peer(p, check_peer(p), ordered, env, command)
     results["seeds_requested"] = seeds
     results["sources"] = [dict(dir=str(d), command=old["command"], seeds=old["setup"]["seeds"],
                                arms=[a["name"] for a in old["config"]["arms"]]) for d, old in zip(dirs, olds, strict=True)]
-    return save(results, out_dir)
+    return write_outputs(results, out_dir)
 
 
 @exit_on_error
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m ampft.benchmark.peer.combine", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m ampft.benchmark.combine", description=__doc__.split("\n")[0])
     parser.add_argument("out_dir", help="where results.json and report.md over all the seeds go")
     parser.add_argument("run_dirs", nargs="+", help="directories of recipes/peer.py runs (their results.json)")
     args = parser.parse_args(argv)
-    command = " ".join(["python -m ampft.benchmark.peer.combine", args.out_dir, *args.run_dirs])
+    command = " ".join(["python -m ampft.benchmark.combine", args.out_dir, *args.run_dirs])
     path = combine(args.run_dirs, args.out_dir, command)
     print(f"report: {path}", flush=True)
     print(path.read_text(), flush=True)

@@ -1,6 +1,16 @@
-"""check → each arm × seed in its own process (`arms`, one at a time) → after every seed: FLOPs over the
-non-padding tokens → `results.summarize` → results.json and report.md (so a stopped benchmark keeps the seeds
-it finished)."""
+"""ampft against the plain Hugging Face Trainer (`make benchmark-peer`, recipes/peer.py, conf/peer/*.yaml): same
+model, data, hyper-parameters and precision; each arm a `Runner` (trainer | ampft) and finetune overrides.
+
+check (`config.check_peer`) → each arm × seed in its own process (`trainer`, one at a time) → after every seed:
+FLOPs over the non-padding tokens → `results.summarize_peer` → results.json and report.md (`report.write_outputs`,
+so a stopped benchmark keeps the seeds it finished). Seeds measured in separate runs become one report through
+the same summary (`ampft.benchmark.combine`).
+
+Per arm: training samples/s and non-padding tokens/s (over the training loop alone), the process's wall time
+(interpreter start to exit: imports, model, tokenization, training, evaluation), the evaluation metric, peak RSS
+(CPU) or CUDA peak, and model FLOP/s over non-padding tokens (`ampft.benchmark.flops`; MFU where the device's
+peak is known). Each ampft arm starts with an empty tokenization cache, so both pay for tokenizing.
+"""
 
 from __future__ import annotations
 
@@ -16,11 +26,11 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from ampft.benchmark.config import Runner, check_peer
 from ampft.benchmark.environment import OtherLoad, describe
 from ampft.benchmark.flops import training_flops
-from ampft.benchmark.peer.config import PeerConfig, Runner, check
-from ampft.benchmark.peer.report import write_report
-from ampft.benchmark.peer.results import summarize
+from ampft.benchmark.report import write_outputs
+from ampft.benchmark.results import summarize_peer
 from ampft.config import to_plain
 from ampft.models import build_model, load_tokenizer
 from ampft.tasks import family_for
@@ -33,7 +43,7 @@ def run_peer(p: DictConfig, out_dir: str | Path, command: str | None = None) -> 
     """Run every arm of peer config `p` once per seed; write results.json and report.md into out_dir; return
     report.md."""
     out_dir = Path(out_dir)
-    cfgs = check(p)
+    cfgs = check_peer(p)
     out_dir.mkdir(parents=True, exist_ok=True)
     env = describe(torch.device("cuda" if torch.cuda.is_available() and not any(
         c.trainer.cpu for c in cfgs.values()) else "cpu"))
@@ -66,27 +76,9 @@ def _report(p: DictConfig, cfgs: dict[str, DictConfig], runs: list[dict], flops:
             flops[key] = epoch_flops(cfg)
         r["train_examples"], per_epoch = flops[key]
         r["model_tflops"] = per_epoch * r["epochs"] / r["train_seconds"] / 1e12
-    results = summarize(p, cfgs, runs, env, command)
+    results = summarize_peer(p, cfgs, runs, env, command)
     results["seeds_requested"] = requested
-    return save(results, out_dir)
-
-
-def save(results: dict, out_dir: str | Path) -> Path:
-    """results.json and report.md into out_dir (created if need be); return report.md."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "results.json").write_text(json.dumps(results, indent=1, default=str))
-    return write_report(results, out_dir)
-
-
-def rerender(out_dir: str | Path) -> Path:
-    """Summarize and write report.md again from a run's results.json (its config, environment and raw runs)."""
-    out_dir = Path(out_dir)
-    old = json.loads((out_dir / "results.json").read_text())
-    p = OmegaConf.merge(OmegaConf.structured(PeerConfig), old["config"])
-    results = summarize(p, check(p), old["runs"], old["environment"], old["command"])
-    results["seeds_requested"] = old.get("seeds_requested", list(p.seeds))
-    return save(results, out_dir)
+    return write_outputs(results, out_dir)
 
 
 def epoch_flops(cfg: DictConfig) -> tuple[int, float]:
@@ -104,7 +96,7 @@ def epoch_flops(cfg: DictConfig) -> tuple[int, float]:
 
 
 def _run_arm(arm: DictConfig, cfg: DictConfig, arm_dir: Path, profile_steps: int = 0) -> dict:
-    """The parent's side of the protocol: spec.json in, result.json out (`arms.main`), timed from outside."""
+    """The parent's side of the protocol: spec.json in, result.json out (`trainer.main`), timed from outside."""
 
     arm_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="ampft-peer-cache-") as cache:
@@ -117,7 +109,7 @@ def _run_arm(arm: DictConfig, cfg: DictConfig, arm_dir: Path, profile_steps: int
         env = dict(os.environ, HF_DATASETS_CACHE=str(Path(cache) / "datasets"), TOKENIZERS_PARALLELISM="false")
         with OtherLoad() as load:
             tic = time.perf_counter()
-            proc = subprocess.run([sys.executable, "-m", "ampft.benchmark.peer", str(spec), str(out)],
+            proc = subprocess.run([sys.executable, "-m", "ampft.benchmark.trainer", str(spec), str(out)],
                                   env=env, capture_output=True, text=True)
             wall = time.perf_counter() - tic
     (arm_dir / "log.txt").write_text(proc.stdout + proc.stderr)

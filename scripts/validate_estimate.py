@@ -1,11 +1,12 @@
-"""Predicted vs measured on this CPU: the step's own peak memory, and the bf16/fp32 step-time ratio.
+"""Predicted vs measured on this CPU: the step's own peak memory, and the bf16/fp32 step-time ratio. A development
+instrument for `make estimate` (docs/benchmarks/estimate.md), outside the package.
 
-    python -m ampft.estimate.validate > rows.jsonl              # measure and predict every setting (minutes)
-    python -m ampft.estimate.validate --quick                   # tiny-bert only
-    python -m ampft.estimate.validate --render rows.jsonl       # the Markdown table of docs/benchmarks/estimate.md
-    python -m ampft.estimate.validate --repredict rows.jsonl    # the same rows, predictions made again now
-    python -m ampft.estimate.validate --checkpointing > gc.jsonl  # fp32 with and without gradient checkpointing
-    python -m ampft.estimate.validate --checkpointing --setting bert-base,8,384   # one setting (MODEL,BATCH,LENGTH)
+    python scripts/validate_estimate.py > rows.jsonl              # measure and predict every setting (minutes)
+    python scripts/validate_estimate.py --quick                   # tiny-bert only
+    python scripts/validate_estimate.py --render rows.jsonl       # the Markdown table of docs/benchmarks/estimate.md
+    python scripts/validate_estimate.py --repredict rows.jsonl    # the same rows, predictions made again now
+    python scripts/validate_estimate.py --checkpointing > gc.jsonl  # fp32 with and without gradient checkpointing
+    python scripts/validate_estimate.py --checkpointing --setting bert-base,8,384   # one setting (MODEL,BATCH,LENGTH)
 
 Each setting is measured in a fresh process, so nothing of an earlier setting stays in its memory. The step's own
 peak: glibc is told to serve every allocation of 64 KiB or more by mmap (MALLOC_MMAP_THRESHOLD_=65536, set before the
@@ -119,8 +120,8 @@ def measure(model: str, batch: int, length: int, precisions: list[str], timed: i
             checkpointing: tuple[bool, ...] = (False,)) -> dict:
     """`measure_here` in a fresh process with glibc's mmap threshold at 64 KiB."""
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "65536"}
-    cmd = [sys.executable, "-m", "ampft.estimate.validate", "--measure", json.dumps([model, batch, length, precisions,
-                                                                                      timed, list(checkpointing)])]
+    cmd = [sys.executable, __file__, "--measure", json.dumps([model, batch, length, precisions, timed,
+                                                             list(checkpointing)])]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if r.returncode:
         raise RuntimeError(f"measuring {model} {batch}x{length} failed:\n{r.stderr[-3000:]}")
