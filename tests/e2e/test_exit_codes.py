@@ -1,10 +1,11 @@
 """One error hierarchy (ampft.errors), one wrapper: each error ends a real recipe run with its exit code.
 
 ConfigError, DataError, ModelLoadError and Preempted are run through recipes/finetune.py elsewhere
-(test_cli.py::test_cross_field_problems_reported_together_before_building,
-faults/test_inputs.py::test_shifted_tsv_never_trains_end_to_end, test_cli.py::test_hub_model_offline_fails_fast_with_guidance,
-test_resume.py, exit 75); the others are here. MissingExtraError is turned into a ConfigError before training
-(test_optional_imports.py); the wrapper test covers its code.
+(tests/e2e/test_cli.py::test_cross_field_problems_reported_together_before_building,
+tests/data/test_bad_inputs.py::test_shifted_tsv_never_trains_end_to_end,
+tests/e2e/test_cli.py::test_hub_model_offline_fails_fast_with_guidance, tests/checkpointing/test_resume.py: exit 75);
+the others are here. MissingExtraError is turned into a ConfigError before training
+(tests/package/test_optional_imports.py); the wrapper test covers its code.
 """
 
 from __future__ import annotations
