@@ -127,6 +127,8 @@ COMPOSE_ERRORS = [
     (["-m", "ampft.launch", "+precison=bf16"], "+precison=bf16: precison is no key of the config"),
     (["recipes/eval.py", "+fil=x.csv"], "+fil=x.csv: fil is no key of the config, nothing would read it; did you "
                                         "mean file?"),
+    (["recipes/predict.py", "+fil=x.csv"], "+fil=x.csv: fil is no key of the config, nothing would read it; did you "
+                                           "mean file?"),
     (["recipes/estimate.py", "precision=fp8"], "precision=fp8: no such option in conf/precision/; choose one of bf16, "
                                                "fp16, fp32, tf32"),
     (["recipes/estimate.py", "trainer.max_steps=abc"], "trainer.max_steps: Value 'abc' of type 'str' could not be "
