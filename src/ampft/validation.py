@@ -1,18 +1,14 @@
 """The checks a config gets after composition, before anything is built: `validate(cfg)` reports every
 problem at once (`ConfigError`) and returns warnings.
 
-The schema (`ampft.config`) fixes types and enums; this module checks what a schema cannot: each field's range
-(`RANGES`, with `CHECKED_ELSEWHERE` naming the fields checked with the ones they depend on), the cross-field
-rules, the task family's own keys and files, and the hardware (`precision.preflight`).
+The schema (`ampft.config`) fixes types and enums, and declares each field's range (`setting(range=...)`); this
+module checks them (`range_problems`) and what a schema cannot: the cross-field rules, the task family's own keys
+and files, and the hardware (`precision.preflight`).
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
-from dataclasses import fields, is_dataclass
 from pathlib import Path
-from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -21,12 +17,13 @@ from ampft.config import (
     Backend,
     ConfigError,
     DeepSpeedPrecision,
-    FinetuneConfig,
     LoggerName,
     OptimImplementation,
     Precision,
     PrecisionConfig,
+    is_text,
     metric_mode,
+    schema_fields,
 )
 from ampft.data.load import extra_split_names
 from ampft.tasks import FAMILIES, supported_metrics
@@ -120,7 +117,7 @@ def validate(cfg: DictConfig) -> list[str]:
 
     # Every output inside the run dir: TensorBoard writes into <run dir>/<logging.project>.
     project = cfg.logging.project
-    if cfg.logging.name == LoggerName.tensorboard and _text(project) and (
+    if cfg.logging.name == LoggerName.tensorboard and is_text(project) and (
             Path(project).is_absolute() or ".." in Path(project).parts):
         problems.append(f"logging.project={project}: under logging=tensorboard this is the folder inside the run dir "
                         "that the event files go to, and every output of a run stays in its run dir: give a relative "
@@ -208,96 +205,19 @@ def early_stopping_problem(tr: DictConfig, max_steps: int, steps_per_epoch: int 
             f"={max(1, (max_steps - 1) // (patience + 1))} or less) or lower the patience")
 
 
-def _finite(x) -> bool:
-    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
-
-
-def _text(x) -> bool:
-    return isinstance(x, str) and x.strip() != ""
-
-
-# Every field's range that the schema's types do not already fix, as (key, check, what would work). Keys whose
-# range is checked with the fields they depend on, in validate() or precision.preflight, are named at the end.
-RANGES: list[tuple[str, Callable[[Any], bool], str]] = [
-    ("model.name", _text, "a model name"),
-    ("model.name_or_path", _text, "a Hub id, a local directory or pkg://package/dir"),
-    ("model.tokenizer", lambda x: x is None or _text(x), "null or a tokenizer location"),
-    ("model.offline_tokenizer", _text, "a tokenizer location"),
-    ("task.name", _text, "a task name"),
-    ("task.dataset", lambda x: x is None or _text(x), "null or a Hub dataset name"),
-    ("task.train_split", _text, "a split name"),
-    ("task.validation_split", _text, "a split name"),
-    ("task.label_column", _text, "a column name"),
-    ("task.text_fields", lambda x: all(_text(f) for f in x) and len(set(x)) == len(x), "distinct column names"),
-    ("task.labels", lambda x: x is None or (len(x) >= 2 and len(set(map(str, x))) == len(x)),
-     "null (from the data) or at least two distinct label names"),
-    ("task.max_train_samples", lambda x: x is None or x >= 1, "null (all) or >= 1"),
-    ("task.max_eval_samples", lambda x: x is None or x >= 1, "null (all) or >= 1"),
-    ("task.null_threshold", _finite, "a finite number"),
-    ("task.max_misaligned_answers", lambda x: _finite(x) and 0 <= x <= 1, "a fraction in [0, 1]"),
-    ("task.max_empty_texts", lambda x: _finite(x) and 0 <= x <= 1, "a fraction in [0, 1]"),
-    ("precision.hysteresis", lambda x: x >= 1, ">= 1"),
-    ("precision.min_scale", lambda x: _finite(x) and x > 0, "> 0"),
-    ("precision.static_scale", lambda x: x is None or (_finite(x) and x > 0), "null (dynamic) or > 0"),
-    ("distributed.main_process_port", lambda x: 1 <= x <= 65535, "a port in [1, 65535]"),
-    ("distributed.reduce_bucket_size", lambda x: x >= 1, ">= 1"),
-    ("distributed.allgather_bucket_size", lambda x: x >= 1, ">= 1"),
-    ("distributed.stage3_prefetch_bucket_size", lambda x: x >= 1, ">= 1"),
-    ("distributed.stage3_param_persistence_threshold", lambda x: x >= 0, ">= 0"),
-    ("optim.name", lambda x: x == "adamw", "adamw (the one optimizer built)"),
-    ("optim.lr", _finite, "a finite number > 0, e.g. 3e-5"),
-    ("optim.weight_decay", lambda x: _finite(x) and x >= 0, ">= 0, e.g. 0.01"),
-    ("optim.betas", lambda x: len(x) == 2 and all(_finite(b) and 0 <= b < 1 for b in x),
-     "two numbers in [0, 1), e.g. [0.9,0.999]"),
-    ("optim.eps", lambda x: _finite(x) and x > 0, "> 0, e.g. 1e-8"),
-    ("scheduler.warmup_steps", lambda x: x >= 0, ">= 0 (0: use warmup_ratio)"),
-    ("trainer.epochs", _finite, "a finite number (> 0 unless trainer.max_steps > 0)"),
-    ("trainer.eval_batch_size", lambda x: x is None or x >= 1, "null (2 x batch_size) or >= 1"),
-    ("trainer.max_grad_norm", lambda x: _finite(x) and x >= 0, ">= 0 (0: no clipping)"),
-    ("trainer.seed", lambda x: 0 <= x < 2**32, "in [0, 2^32)"),
-    ("logging.project", _text, "a project name"),
-    ("published.source", lambda x: x is None or _text(x), "null or where the scores were published"),
-    ("published.split", lambda x: x is None or _text(x), "null or the split they were measured on"),
-    ("published.scores", lambda x: all(_finite(v) for v in x.values()), "{metric: score in percent}"),
-    ("cache_dir", _text, "a directory"),
-]
-# Checked elsewhere in validate() or precision.preflight (with the fields they depend on); the rest of the
-# schema are enums and booleans that composition checks, or files and names checked where they are read.
-CHECKED_ELSEWHERE = {
-    "task.family", "task.subset", "task.train_file", "task.validation_file", "task.metrics", "task.main_metric",
-    "task.max_length", "task.extra_validation_splits", "task.token_column", "task.tag_column",
-    "task.label_all_subtokens", "task.tag_scheme", "task.seqeval_mode", "task.doc_stride", "task.max_answer_length",
-    "task.n_best", "task.version_2", "task.positive_label", "task.column_names", "model.pretrained", "model.arch", "model.attn_implementation",
-    "model.gradient_checkpointing",
-    "precision.name", "precision.init_scale", "precision.growth_factor", "precision.backoff_factor",
-    "precision.growth_interval", "precision.max_consecutive_nonfinite", "precision.max_loss_ratio", "distributed.name", "distributed.backend", "distributed.deepspeed_precision",
-    "distributed.num_processes", "distributed.num_machines", "distributed.machine_rank",
-    "distributed.main_process_ip", "distributed.accelerate_config", "distributed.zero_stage",
-    "distributed.offload_optimizer", "distributed.offload_param", "distributed.fsdp_reshard_after_forward",
-    "distributed.fsdp_cpu_offload", "optim.implementation", "scheduler.name", "scheduler.warmup_ratio",
-    "trainer.max_steps", "trainer.max_minutes", "trainer.batch_size", "trainer.grad_accum", "trainer.log_every", "trainer.eval_every",
-    "trainer.group_by_length", "trainer.length_group_size", "trainer.padding", "trainer.pad_to_multiple_of",
-    "trainer.compile", "trainer.compile_buckets", "trainer.num_workers", "trainer.length_chunks",
-    "trainer.length_chunk_cost", "trainer.cpu", "trainer.progress_bar", "trainer.early_stopping_patience",
-    "checkpoint.every", "checkpoint.keep_last", "checkpoint.keep_best", "checkpoint.metric", "checkpoint.mode",
-    "checkpoint.resume", "checkpoint.allow_config_change", "checkpoint.export", "checkpoint.export_best",
-    "checkpoint.reuse_run_dir", "logging.name",
-}
-
-
-def schema_keys(schema: type | None = None, prefix: str = "") -> list[str]:
-    """Every leaf key of the finetune schema (dotted), for the test that each one's range is checked."""
-    out = []
-    for f in fields(schema or FinetuneConfig):
-        sub = f.default_factory if is_dataclass(f.default_factory) else None
-        out += schema_keys(sub, f"{prefix}{f.name}.") if sub else [prefix + f.name]
-    return out
+def schema_keys() -> list[str]:
+    """Every leaf key of the finetune schema (dotted)."""
+    return list(schema_fields())
 
 
 def range_problems(cfg: DictConfig) -> list[str]:
-    """Each value outside its range in RANGES, as `key=value: must be ...`."""
+    """Each value outside the range its schema field declares (`ampft.config.setting`), as `key=value: must be
+    ...`."""
     problems = []
-    for key, ok, what in RANGES:
+    for key, f in schema_fields().items():
+        if "range" not in f.metadata:
+            continue
+        ok, what = f.metadata["range"]
         value = OmegaConf.select(cfg, key)
         shown = list(value) if OmegaConf.is_list(value) else value
         try:

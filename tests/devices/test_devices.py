@@ -15,28 +15,27 @@ def test_every_gpu_has_memory_bandwidth_peaks_and_a_source():
         assert all(d.tflops[p] is None or d.tflops[p] >= d.tflops["fp32"] for p in ("tf32", "fp16", "bf16"))
 
 
-# Names as torch reports them on each card.
-@pytest.mark.parametrize("name, key, bf16", [
-    ("NVIDIA H200", "h200", 989.5),
-    ("NVIDIA H200 NVL", "h200-nvl", 835.5),  # the PCIe card: lower clocks than the SXM part
-    ("NVIDIA H100 80GB HBM3", "h100-sxm", 989.5),
-    ("NVIDIA H100 PCIe", "h100-pcie", 756.0),
-    ("NVIDIA A100-SXM4-80GB", "a100-80gb", 312.0),
-    ("NVIDIA A100 80GB PCIe", "a100-80gb", 312.0),
-    ("NVIDIA A100-SXM4-40GB", "a100-40gb", 312.0),
-    ("NVIDIA A100-PCIE-40GB", "a100-40gb", 312.0),
-    ("Tesla V100-SXM2-32GB", "v100-32gb", None),
-    ("Tesla V100-SXM2-16GB", "v100-16gb", None),
-    ("Tesla V100-PCIE-32GB", "v100-pcie", None),
-    ("Tesla V100S-PCIE-32GB", "v100s", None),
-    ("NVIDIA L4", "l4", 121.0),
-    ("NVIDIA A10G", "a10g", 70.0),
-    ("Tesla T4", "t4", None),
-    ("NVIDIA GeForce RTX 4090", "rtx4090", 165.2),
+# Names as torch.cuda.get_device_name() reports them on each card, and the card each one is.
+@pytest.mark.parametrize("name, key", [
+    ("NVIDIA H200", "h200"),
+    ("NVIDIA H200 NVL", "h200-nvl"),  # the PCIe card: lower clocks than the SXM part
+    ("NVIDIA H100 80GB HBM3", "h100-sxm"),
+    ("NVIDIA H100 PCIe", "h100-pcie"),
+    ("NVIDIA A100-SXM4-80GB", "a100-80gb"),
+    ("NVIDIA A100 80GB PCIe", "a100-80gb"),
+    ("NVIDIA A100-SXM4-40GB", "a100-40gb"),
+    ("NVIDIA A100-PCIE-40GB", "a100-40gb"),
+    ("Tesla V100-SXM2-32GB", "v100-32gb"),
+    ("Tesla V100-SXM2-16GB", "v100-16gb"),
+    ("Tesla V100-PCIE-32GB", "v100-pcie"),
+    ("Tesla V100S-PCIE-32GB", "v100s"),
+    ("NVIDIA L4", "l4"),
+    ("NVIDIA A10G", "a10g"),
+    ("Tesla T4", "t4"),
+    ("NVIDIA GeForce RTX 4090", "rtx4090"),
 ])
-def test_cuda_names_find_their_card(name, key, bf16):
-    device = for_cuda_name(name)
-    assert device is GPUS[key] and device.tflops["bf16"] == bf16
+def test_cuda_names_find_their_card(name, key):
+    assert for_cuda_name(name) is GPUS[key]
 
 
 @pytest.mark.parametrize("name", ["NVIDIA L40S", "NVIDIA H100 NVL", "NVIDIA B300 SXM6 AC", "NVIDIA A10", ""])

@@ -1,10 +1,11 @@
 """One error hierarchy (ampft.errors), one wrapper: each error ends a real recipe run with its exit code.
 
 ConfigError, DataError, ModelLoadError and Preempted are run through recipes/finetune.py elsewhere
-(test_cli.py::test_cross_field_problems_reported_together_before_building,
-faults/test_inputs.py::test_shifted_tsv_never_trains_end_to_end, test_cli.py::test_hub_model_offline_fails_fast_with_guidance,
-test_resume.py, exit 75); the others are here. MissingExtraError is turned into a ConfigError before training
-(test_optional_imports.py); the wrapper test covers its code.
+(tests/e2e/test_cli.py::test_cross_field_problems_reported_together_before_building,
+tests/data/test_bad_inputs.py::test_shifted_tsv_never_trains_end_to_end,
+tests/e2e/test_cli.py::test_hub_model_offline_fails_fast_with_guidance, tests/checkpointing/test_resume.py: exit 75);
+the others are here. MissingExtraError is turned into a ConfigError before training
+(tests/package/test_optional_imports.py); the wrapper test covers its code.
 """
 
 from __future__ import annotations
@@ -126,6 +127,8 @@ COMPOSE_ERRORS = [
     (["-m", "ampft.launch", "+precison=bf16"], "+precison=bf16: precison is no key of the config"),
     (["recipes/eval.py", "+fil=x.csv"], "+fil=x.csv: fil is no key of the config, nothing would read it; did you "
                                         "mean file?"),
+    (["recipes/predict.py", "+fil=x.csv"], "+fil=x.csv: fil is no key of the config, nothing would read it; did you "
+                                           "mean file?"),
     (["recipes/estimate.py", "precision=fp8"], "precision=fp8: no such option in conf/precision/; choose one of bf16, "
                                                "fp16, fp32, tf32"),
     (["recipes/estimate.py", "trainer.max_steps=abc"], "trainer.max_steps: Value 'abc' of type 'str' could not be "

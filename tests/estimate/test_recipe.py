@@ -57,7 +57,7 @@ def test_bad_values_are_refused_with_the_key_and_the_choices(tmp_path):
 
 
 def test_the_finetune_schema_is_unchanged():
-    """The estimate keys live in their own schema: config.py's range-check coverage test is not affected."""
+    """The estimate keys live in their own schema, not in the finetune one."""
     assert not any(k.startswith("estimate") for k in schema_keys())
 
 
