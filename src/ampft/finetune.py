@@ -28,7 +28,6 @@ from accelerate.utils import (
     DataLoaderConfiguration,
     TorchDynamoPlugin,
     broadcast_object_list,
-    is_compiled_module,
     set_seed,
 )
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
@@ -227,14 +226,10 @@ def build(cfg: DictConfig, run_dir: Path,
     tracker = Tracker(accelerator, run_dir, cfg.logging.name.value, cfg.logging.project,
                       flat(to_plain(cfg)), max_steps, tr.progress_bar, history_until=state.step,
                       evaluated=state.eval_step == state.step)
-    # Under torch.compile, evaluation runs the eager module: the compiled graphs are the training step's
-    # (eval mode would compile a second set for a few hundred batches).
-    eval_model = model._orig_mod if is_compiled_module(model) else model
     training = Training(
         accelerator=accelerator, model=model, optimizer=optimizer, scheduler=scheduler, train_dl=train_dl,
-        evaluate=lambda: tasks.evaluate(accelerator, eval_model, data, eval_dls, cfg.task, run_dir),
-        tracker=tracker, cfg=cfg, family=family, run_dir=run_dir, max_steps=max_steps, state=state, resumed_from=resume,
-        run_id=run_id,
+        data=data, eval_dls=eval_dls, tracker=tracker, cfg=cfg, family=family, run_dir=run_dir, max_steps=max_steps,
+        state=state, resumed_from=resume, run_id=run_id,
     )
     log.info("training: %d optimizer steps (%d per epoch), batch %d x %d processes x %d accumulation",
              max_steps, steps_per_epoch, tr.batch_size, accelerator.num_processes, tr.grad_accum)
