@@ -107,8 +107,9 @@ def make_accelerator(cfg: DictConfig, run_dir: Path) -> Accelerator:
     return accelerator
 
 
-def run(cfg: DictConfig, run_dir: Path, started: float | None = None) -> dict[str, Any]:
-    """One fine-tuning run; callable repeatedly in one process (Hydra multirun, tests)."""
+def run(cfg: DictConfig, run_dir: Path, started: float | None = None, validated: bool = False) -> dict[str, Any]:
+    """One fine-tuning run; callable repeatedly in one process (Hydra multirun, tests). `validated`: `cfg` passed
+    `validation.validate` already (the launcher's, `ampft.launch`)."""
     started = time.perf_counter() if started is None else started
     run_dir = Path(run_dir)
     tasks.check_installed(cfg.task.metrics)  # a missing optional library is said now, not after training
@@ -116,7 +117,7 @@ def run(cfg: DictConfig, run_dir: Path, started: float | None = None) -> dict[st
         torch.cuda.reset_peak_memory_stats()
     held = contextlib.ExitStack()  # the run dir's lock, released when the run ends however it ends
     try:
-        training, tokenizer, ran_precision = build(cfg, run_dir, held)
+        training, tokenizer, ran_precision = build(cfg, run_dir, held, validated)
         end_process_group_at_exit()
         setup_seconds = time.perf_counter() - started  # to the first training step: model, data, cache
         try:
@@ -160,12 +161,14 @@ def reset_accelerate() -> None:
     GradientState._reset_state()
 
 
-def build(cfg: DictConfig, run_dir: Path,
-          held: contextlib.ExitStack | None = None) -> tuple[Training, PreTrainedTokenizerBase, str]:
-    """Everything the loop needs, after validation; resumed from a checkpoint if asked. `held`: take the run
-    dir's lock into it (a training run, `run`; the speed benchmark and tests that only build do not)."""
-    for warning in validate(cfg):
-        log.warning(warning)
+def build(cfg: DictConfig, run_dir: Path, held: contextlib.ExitStack | None = None,
+          validated: bool = False) -> tuple[Training, PreTrainedTokenizerBase, str]:
+    """Everything the loop needs, after validation (unless `validated` already); resumed from a checkpoint if
+    asked. `held`: take the run dir's lock into it (a training run, `run`; the speed benchmark and tests that
+    only build do not)."""
+    if not validated:
+        for warning in validate(cfg):
+            log.warning(warning)
     set_seed(cfg.trainer.seed)
     accelerator = make_accelerator(cfg, run_dir)
     distributed.check_world(accelerator)
