@@ -18,7 +18,7 @@ previous run in a reused folder) rank before all of it, oldest first. `latest` t
 that verifies, and rotation deletes from the front of that order.
 
 Health: a checkpoint's weights are judged by the losses of the first update trained from them
-(`record_health`, by `ampft.engine.Guard`); a diverged one is never `latest`, never best, and rotation keeps
+(`record_health`, by `ampft.engine.Window`); a diverged one is never `latest`, never best, and rotation keeps
 the newest known-good one.
 """
 

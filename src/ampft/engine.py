@@ -1,9 +1,11 @@
-"""The training loop, readable top to bottom.
+"""The training loop, readable top to bottom: `fit` first, then the step it runs (`train_step`), the window of
+what happened since the last logging point (`Window`: losses, throughput, divergence checks), and the state a
+checkpoint keeps (`TrainState`).
 
-Counters: `state.step` counts optimizer updates that were applied. A step skipped by the fp16 loss
-scaler (overflow) advances neither `state.step` nor the LR scheduler, so evaluation, checkpoint and
-logging intervals and `trainer.max_steps` are all in applied updates; skipped steps are counted apart
-in `state.skipped`. Losses and token counts stay on the device and are read only at logging intervals.
+Counters: `state.step` counts optimizer updates that were applied. A step skipped by the fp16 loss scaler
+(overflow) advances neither `state.step` nor the LR scheduler, so evaluation, checkpoint and logging intervals
+and `trainer.max_steps` are all in applied updates; skipped steps are counted apart in `state.skipped`. Losses
+and token counts stay on the device and are read only at logging points.
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ import signal
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
 from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -22,18 +23,525 @@ from typing import TYPE_CHECKING
 
 import torch
 from accelerate import Accelerator
+from accelerate.utils import is_compiled_module
 from omegaconf import DictConfig
 
-from ampft import checkpointing
+from ampft import checkpointing, tasks
 from ampft.config import ConfigError, metric_mode, to_plain
 from ampft.errors import Preempted, TrainingDiverged
 from ampft.tracking import Tracker
 from ampft.validation import early_stopping_problem
 
 if TYPE_CHECKING:
+    from ampft.data import TaskData
     from ampft.tasks.base import Family
 
 log = logging.getLogger(__name__)
+
+
+def fit(t: Training) -> TrainState:
+    """Train until `max_steps` updates are applied, `trainer.max_minutes` have passed or early stopping ends it
+    (`trainer.early_stopping_patience`), then evaluate (unless this very step was evaluated). SIGTERM/SIGUSR1
+    checkpoint at the next step and raise `Preempted`. `t.state` holds the counters and is what a checkpoint
+    keeps, so a run resumed from any checkpoint goes on exactly as the uninterrupted one."""
+    acc, st, tr, ck = t.accelerator, t.state, t.cfg.trainer, t.cfg.checkpoint
+    problem = early_stopping_problem(tr, t.max_steps, math.ceil(len(t.train_dl) / tr.grad_accum))
+    if problem is not None:  # early stopping's evaluations, now that the steps per epoch are known
+        raise ConfigError([problem])
+    window = Window(acc, t.cfg.precision, st, t.run_dir)  # losses, tokens, divergence checks between logging points
+    last_checkpoint = t.resumed_from  # the newest checkpoint of this line: saved, or resumed from
+    window.track(last_checkpoint)  # its weights are judged by the first update trained from them
+    deadline = None if tr.max_minutes is None else time.monotonic() + 60 * tr.max_minutes
+
+    with preemption_signals() as preempt:
+        t.model.train()
+        t.tracker.advance(st.step)
+        done = st.step >= t.max_steps or stop_early(t)  # a checkpoint of the step that stopped: stops again
+        while not done:
+            for batch in rest_of_epoch(t):
+                # Length chunks (trainer.length_chunks): the loader's collator, which knows the rows' lengths
+                # before anything reaches the device, hands a batch it split as a list of chunks of similar
+                # lengths (`ampft.data.LengthChunks`); `train_step` runs one forward and backward per chunk.
+                chunks = batch if isinstance(batch, list) else [batch]
+                result = train_step(acc, t.model, t.optimizer, t.scheduler, chunks, tr.max_grad_norm,
+                                    want_grad_norm=(st.step + 1) % tr.log_every == 0)
+                st.batch_in_epoch += 1
+                window.add(result, chunks)
+                if not result.synced:  # inside a gradient accumulation (trainer.grad_accum)
+                    continue
+                if result.skipped:  # fp16 overflow: no update, no scheduler step; counted apart
+                    st.skipped += 1
+                window.end_step(st.step, result.skipped)
+                if result.skipped:
+                    continue
+                st.step += 1
+                t.tracker.advance()
+                window.judge(st.step)  # the first update from a checkpoint: the verdict on its weights
+
+                # Every N steps, in this order: log, evaluate, checkpoint (which may rank by this evaluation).
+                if st.step % tr.log_every == 0 or st.step == t.max_steps:
+                    log_window(t, window)
+                if tr.eval_every and st.step % tr.eval_every == 0:
+                    evaluate(t, window)
+                if ck.every and st.step % ck.every == 0:
+                    last_checkpoint = checkpoint(t, window, last_checkpoint)
+
+                done = stop_early(t)  # after the checkpoint: its evaluation (checkpoint.keep_best) counts too
+                if not done and st.step < t.max_steps and any_rank(acc, preempt["signal"] is not None, st.step,
+                                                                   tr.log_every):
+                    if last_checkpoint is None or last_checkpoint.name != f"step_{st.step}":
+                        last_checkpoint = checkpoint(t, window, last_checkpoint)
+                    raise Preempted(f"stopped by {preempt['signal']} at step {st.step}; checkpoint written: "
+                                    f"{last_checkpoint}. Resume: hydra.run.dir={t.run_dir} checkpoint.resume=latest")
+                done = done or st.step >= t.max_steps or (  # trainer.max_minutes: the slowest rank's clock
+                    deadline is not None and any_rank(acc, time.monotonic() > deadline, st.step, tr.log_every))
+                if done:
+                    break
+            if not done:  # the epoch ran out before max_steps
+                st.epoch += 1
+                st.batch_in_epoch = 0
+                if not tr.eval_every and st.eval_step != st.step:  # (evaluated already: a checkpoint's best)
+                    evaluate(t, window)
+                    done = stop_early(t)
+
+        window.fold(st)
+        if window.batches:  # the last, partial logging window
+            window.close(st)
+        window.check(st.step)
+        st.loss_scale = window.scale
+        if st.eval_step != st.step:
+            evaluate(t, window)
+    return st
+
+
+def rest_of_epoch(t: Training) -> torch.utils.data.DataLoader:
+    """The current epoch's batches not consumed yet; resuming mid-epoch jumps over the consumed ones without
+    loading them."""
+    st, dl = t.state, t.train_dl
+    batches = t.accelerator.skip_first_batches(dl, st.batch_in_epoch) if st.batch_in_epoch else dl
+    batches.set_epoch(st.epoch)  # the epoch's data order (a fresh skip loader would say epoch 0)
+    return batches
+
+
+def log_window(t: Training, window: Window) -> None:
+    """The window since the last logging point into the state and metrics.jsonl (and the trackers), then the
+    divergence checks over it."""
+    st = t.state
+    window.fold(st)
+    skipped_in_window = window.skipped
+    window.close(st)
+    values = dict(
+        loss=st.last_loss,
+        lr=window.lr,  # the logged step's, as the Trainer logs it (not the next step's)
+        epoch=st.epoch + st.batch_in_epoch / len(t.train_dl),
+        samples_per_second=st.samples / max(st.train_seconds, 1e-9),
+        tokens_per_second=st.tokens / max(st.train_seconds, 1e-9),
+        skipped_steps=st.skipped,
+        skipped_in_window=skipped_in_window,
+    )
+    if window.grad_norm is not None:
+        values["grad_norm"] = float(window.grad_norm)
+    if window.scale is not None:
+        values["loss_scale"] = window.scale
+    t.tracker.log("train", st.step, values)  # NaN and inf are logged as they are
+    window.check(st.step)
+
+
+def evaluate(t: Training, window: Window) -> dict[str, float]:
+    """Every validation split (`tasks.evaluate`: metrics, loss, samples), folded into the best so far. Under
+    torch.compile the eager module evaluates: the compiled graphs are the training step's (eval mode would
+    compile a second set for a few hundred batches)."""
+    st, ck = t.state, t.cfg.checkpoint
+    window.fold(st)  # evaluation time is not training time
+    model = t.model._orig_mod if is_compiled_module(t.model) else t.model
+    results = tasks.evaluate(t.accelerator, model, t.data, t.eval_dls, t.cfg.task, t.run_dir)
+    st.eval_step, st.eval_results = st.step, results
+    metric = ck.metric or t.cfg.task.main_metric
+    track_best(st, results, metric, metric_mode(metric, ck.mode))
+    t.tracker.log("eval", st.step, results)
+    window.restart()
+    return results
+
+
+def checkpoint(t: Training, window: Window, parent: Path | None) -> Path:
+    """Save a checkpoint of this step after the divergence checks (never one of broken weights); under
+    checkpoint.keep_best/export_best ranked by an evaluation at this very step. Returns it."""
+    st, ck = t.state, t.cfg.checkpoint
+    window.fold(st)
+    window.check(st.step)
+    if not weights_finite(t.model, t.accelerator):  # never overwrite good checkpoints with broken weights
+        window.fail(st.step, "the weights are not finite at a checkpoint")
+    metric = None
+    if ck.keep_best or ck.export_best:
+        if st.eval_step != st.step:
+            evaluate(t, window)
+        name = ck.metric or t.cfg.task.main_metric
+        metric = {"name": name, "value": st.eval_results[name]}
+    info = dict(epoch=st.epoch, batch_in_epoch=st.batch_in_epoch, loss=st.last_loss, metric=metric)
+    saved = checkpointing.save(
+        t.accelerator, t.run_dir, st.step, info, st.state_dict(), to_plain(t.cfg),
+        t.accelerator.unwrap_model(t.model).config, ck.keep_last, ck.keep_best,
+        metric_mode(ck.metric or t.cfg.task.main_metric, ck.mode), parent=parent,
+        scheduler=t.scheduler, run_id=t.run_id)
+    window.track(saved)
+    window.restart()
+    return saved
+
+
+def stop_early(t: Training) -> bool:
+    """trainer.early_stopping_patience evaluations in a row without improvement, the latest at this very step:
+    training ends here. The count is in the checkpointed state, so a run resumed from any checkpoint stops
+    where the uninterrupted run would."""
+    st, patience = t.state, t.cfg.trainer.early_stopping_patience
+    if st.stopped_early_at is None and patience and st.eval_step == st.step \
+            and st.evals_since_best >= patience and st.step < t.max_steps:
+        st.stopped_early_at = st.step
+        metric = t.cfg.checkpoint.metric or t.cfg.task.main_metric
+        log.info("early stopping at step %d: %s did not improve for %d evaluations; the best, %.4g, was at step %s",
+                 st.step, metric, st.evals_since_best, st.best_eval[metric] if st.best_eval else float("nan"),
+                 st.best_step)
+    return st.stopped_early_at is not None
+
+
+def any_rank(acc: Accelerator, flag: bool, step: int, log_every: int) -> bool:
+    """`flag` on any rank, decided alike by all: one process reads its own flag (no device sync); several
+    ranks agree at logging points only (one collective per logging interval)."""
+    if acc.num_processes == 1:
+        return flag
+    if step % log_every:
+        return False
+    return bool(acc.reduce(torch.tensor(flag, device=acc.device), "max"))
+
+
+@contextmanager
+def preemption_signals():
+    """Turn SIGTERM and SIGUSR1 into a flag the loop reads at step boundaries (main thread only)."""
+    flag = {"signal": None}
+    if threading.current_thread() is not threading.main_thread():
+        yield flag
+        return
+
+    def handler(signum, frame):
+        flag["signal"] = signal.Signals(signum).name
+        log.warning("%s received: will checkpoint at the next step boundary and exit", flag["signal"])
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGUSR1)}
+    try:
+        yield flag
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What one `train_step` did."""
+
+    loss: torch.Tensor  # the micro-batch's loss, detached, on the device (read at logging points only)
+    synced: bool  # the last micro-batch of an accumulation: the optimizer step was attempted
+    skipped: bool  # that step was skipped by the fp16 loss scaler (overflow): no update, no scheduler step
+    grad_norm: torch.Tensor | None  # computed when clipping, or when asked for; else None
+    lr: float | None = None  # the learning rate the applied update used (None: no update applied)
+
+
+def train_step(acc: Accelerator, model: torch.nn.Module, optimizer, scheduler, batch: dict | list[dict],
+               max_grad_norm: float, want_grad_norm: bool = False) -> StepResult:
+    """One micro-batch of training, the one way ampft trains (`fit` and the speed benchmark both call this).
+
+    Forward and backward under Accelerate's gradient accumulation (fp16: the loss scaled). A micro-batch
+    split into chunks of similar lengths (a list, `ampft.data.LengthChunks`) runs one forward and backward
+    per chunk, each chunk's mean loss weighted by its share of the micro-batch's loss terms (`loss_terms`),
+    and gradients synchronised across ranks on the last chunk only: the micro-batch's gradient and loss.
+    On the last micro-batch of an accumulation: clip to `max_grad_norm` (> 0), which unscales fp16 gradients
+    first (the norm is inf/NaN when the step overflowed), or only compute the norm if `want_grad_norm`; the
+    optimizer step, which the loss scaler skips on overflow; the LR scheduler only for an applied update;
+    zero_grad."""
+    grad_norm = None
+    chunks = batch if isinstance(batch, list) else [batch]
+    if len(chunks) > 1:  # each chunk's share of the batch's loss terms (a whole batch needs no weight)
+        terms = [loss_terms(c) for c in chunks]
+        total = sum(terms)
+    with acc.accumulate(model):
+        loss = torch.zeros((), device=acc.device)
+        for i, chunk in enumerate(chunks):
+            with acc.no_sync(model) if i < len(chunks) - 1 else nullcontext():
+                part = model(**chunk).loss
+                if len(chunks) > 1:  # no terms (a chunk of unlabelled tokens): its NaN mean counts 0
+                    part = torch.where(terms[i] > 0, part, 0.0) * (terms[i] / total)
+                acc.backward(part)
+            loss += part.detach().float()
+        if acc.sync_gradients:
+            if max_grad_norm > 0:
+                grad_norm = acc.clip_grad_norm_(model.parameters(), max_grad_norm)
+            elif want_grad_norm:
+                grad_norm = acc.clip_grad_norm_(model.parameters(), float("inf"))
+        optimizer.step()  # Accelerate steps only on the last micro-batch of an accumulation
+        optimizer.zero_grad(set_to_none=True)
+    synced = acc.sync_gradients
+    skipped = synced and optimizer.step_was_skipped
+    lr = None
+    if synced and not skipped:
+        lr = scheduler.get_last_lr()[0]
+        scheduler.step()
+    return StepResult(loss, synced, skipped, grad_norm, lr)
+
+
+def loss_terms(batch: dict) -> torch.Tensor:
+    """How many terms a batch's mean loss averages, as transformers' heads compute it: labelled tokens for
+    token-level labels (2-D integer, -100 ignored by the cross-entropy), else rows (sequence labels,
+    regression, multi-label rows, QA start/end positions)."""
+    labels = batch.get("labels")
+    if labels is not None and labels.dim() == 2 and not labels.is_floating_point():
+        return (labels != -100).sum()
+    return torch.tensor(batch["input_ids"].shape[0], device=batch["input_ids"].device)
+
+
+class Window:
+    """What happened since the last logging point, kept on the device and read there (one host sync each): the
+    micro-batch losses, the optimizer steps the loss scaler skipped, tokens, samples and time; also the newest
+    gradient norm (kept across windows: without clipping only the steps that are logged compute one) and the
+    learning rate of the newest applied update. The divergence guard watches the same losses.
+
+    Divergence, without a host sync per step: a device-side counter tracks the current run of optimizer steps
+    whose loss was not finite (and its maximum); it is read every `max_consecutive_nonfinite` attempts and at
+    every `check`. Under fp16 the loss scale is read after every step (GradScaler already syncs there) and its
+    changes are kept as the scale history the error message shows. A loss explosion (the mean loss since the
+    last `check` above `precision.max_loss_ratio` times the loss of the run's first micro-batch, taken before
+    any update) also stops the run; `check` runs at logging points and before every checkpoint, so no
+    checkpoint is written after exploded losses.
+
+    Checkpoint health: a loss is computed with the weights of the update before it, so those checks run one
+    update behind the weights a checkpoint holds. A checkpoint is therefore known good only once its own
+    weights were seen: the losses of the first update trained from it (a resume's first update too) pass the
+    same checks (finite, within max_loss_ratio). The verdict goes into its manifest
+    (`checkpointing.record_health`); a divergence marks the checkpoint not judged yet as diverged (its weights
+    produced the failing losses) and names the newest checkpoint known good, never one whose weights were not
+    seen.
+    """
+
+    def __init__(self, acc: Accelerator, p: DictConfig, st: TrainState, run_dir: Path):
+        self.acc, self.p, self.st = acc, p, st
+        self.own = (Path(run_dir) / "checkpoints").resolve()  # health verdicts are written only in here
+        # The logging window.
+        self.loss = torch.zeros((), device=acc.device)
+        self.batches = 0
+        self.skipped = 0
+        self.grad_norm: torch.Tensor | None = None
+        self.lr: float | None = None
+        self.tokens = torch.zeros((), dtype=torch.long, device=acc.device)
+        self.samples = 0
+        self.tic = time.perf_counter()
+        # The divergence guard: the losses since the last `check`, runs of non-finite steps, the loss scale.
+        self.unchecked = torch.zeros((), device=acc.device)
+        self.unchecked_n = 0
+        self.first: torch.Tensor | None = None
+        self.step_bad = torch.zeros((), dtype=torch.bool, device=acc.device)
+        self.run = torch.zeros((), dtype=torch.long, device=acc.device)
+        self.worst = torch.zeros((), dtype=torch.long, device=acc.device)
+        self.attempts = 0
+        self.history: deque[tuple[int, float]] = deque(maxlen=12)
+        self.scale = acc.scaler.get_scale() if acc.scaler is not None else None
+        if self.scale is not None:
+            self.history.append((0, self.scale))
+        # Checkpoint health.
+        self.pending: Path | None = None  # the newest checkpoint, its own weights not judged yet
+        self.good: Path | None = None  # the newest checkpoint of this line known good
+        self.good_health: dict = {}  # its verdict: the loss its weights produced, and in which step
+        self.probe_sum = torch.zeros((), device=acc.device)  # losses computed with the pending checkpoint's weights
+        self.probe_n = 0
+
+    def add(self, step: StepResult, chunks: list[dict]) -> None:
+        """One micro-batch (no host sync)."""
+        loss = step.loss.detach().float()
+        self.loss += loss
+        self.batches += 1
+        if step.grad_norm is not None:
+            self.grad_norm = step.grad_norm
+        if step.lr is not None:
+            self.lr = step.lr
+        for chunk in chunks:
+            self.tokens += chunk["attention_mask"].sum()
+            self.samples += chunk["input_ids"].shape[0]  # QA batches have start/end positions, no labels
+        self.step_bad |= ~torch.isfinite(loss)
+        self.unchecked += loss
+        self.unchecked_n += 1
+        if self.pending is not None:
+            self.probe_sum += loss
+            self.probe_n += 1
+        if self.first is None and self.st.initial_loss is None:
+            self.first = loss.clone()
+
+    def end_step(self, step: int, skipped: bool) -> None:
+        """After each optimizer step attempt (applied or `skipped`): the run of non-finite steps, the loss scale."""
+        if skipped:
+            self.skipped += 1
+        self.attempts += 1
+        self.run = torch.where(self.step_bad, self.run + 1, torch.zeros_like(self.run))
+        self.worst = torch.maximum(self.worst, self.run)
+        self.step_bad.zero_()
+        if self.scale is not None:
+            scale = self.acc.scaler.get_scale()
+            if scale != self.scale:
+                self.history.append((step, scale))
+                self.scale = scale
+            if scale < self.p.min_scale:
+                self.fail(step, f"the fp16 loss scale collapsed to {scale:g}, below precision.min_scale="
+                                 f"{self.p.min_scale:g}")
+        if self.attempts % self.p.max_consecutive_nonfinite == 0:
+            self.check_nonfinite(step)
+        if skipped:  # the pending checkpoint's verdict is taken from the update that is applied
+            self.reset_probe()
+
+    def fold(self, st: TrainState) -> None:
+        """Add the tokens and samples counted and the time since the last fold or restart (one host sync)."""
+        st.tokens += int(self.acc.reduce(self.tokens, reduction="sum"))
+        st.samples += self.samples * self.acc.num_processes
+        st.train_seconds += time.perf_counter() - self.tic
+        self.tokens.zero_()
+        self.samples = 0
+        self.restart()
+
+    def restart(self) -> None:
+        """Training time starts again (after an evaluation or a checkpoint, which it does not count)."""
+        self.tic = time.perf_counter()
+
+    def close(self, st: TrainState) -> None:
+        """Fold the window's losses into the state (the host sync for the loss) and start a new window."""
+        total = float(self.acc.reduce(self.loss, reduction="mean"))
+        st.loss_sum += total
+        st.loss_batches += self.batches
+        st.last_loss = total / self.batches
+        self.loss.zero_()
+        self.batches, self.skipped = 0, 0
+
+    def check(self, step: int) -> None:
+        """The divergence checks: runs of non-finite losses, then the losses since the last check against the
+        initial loss (a host sync each; at logging points, checkpoints and the end)."""
+        self.check_nonfinite(step)
+        if not self.unchecked_n:
+            return
+        mean = float(self.acc.reduce(self.unchecked, reduction="mean")) / self.unchecked_n
+        self.unchecked.zero_()
+        self.unchecked_n = 0
+        if self.st.initial_loss is None and self.first is not None:
+            self.st.initial_loss = float(self.acc.reduce(self.first, reduction="mean"))
+        if math.isfinite(mean) and (why := self.exploded(mean)):  # non-finite: the consecutive count decides
+            self.fail(step, f"{why} (the mean over the last steps)")
+
+    def check_nonfinite(self, step: int) -> None:
+        worst = int(self.acc.reduce(self.worst, reduction="max"))
+        if worst >= self.p.max_consecutive_nonfinite:
+            self.fail(step, f"the loss was not finite for {worst} optimizer steps in a row "
+                            f"(precision.max_consecutive_nonfinite={self.p.max_consecutive_nonfinite})")
+
+    def exploded(self, loss: float) -> str | None:
+        """Why a mean loss means divergence (None: it does not)."""
+        if not math.isfinite(loss):
+            return f"the loss was {loss}"
+        ratio, initial = self.p.max_loss_ratio, self.st.initial_loss
+        if ratio and initial is not None and math.isfinite(initial) and loss > ratio * abs(initial):
+            return (f"the loss exploded: {loss:.4g}, more than precision.max_loss_ratio={ratio:g} x the initial loss "
+                    f"{initial:.4g}")
+        return None
+
+    def track(self, checkpoint: Path | None) -> None:
+        """`checkpoint` was just saved, or resumed from: the next update trains from its weights."""
+        if checkpoint is None:
+            return
+        if checkpointing.healthy(checkpoint):
+            self.pending = None
+            self.good, self.good_health = checkpoint, checkpointing.manifest(checkpoint)["health"]
+        else:
+            self.pending = checkpoint
+            if self.good is None:  # a resume: the newest known good among its ancestors
+                self.good = checkpointing.known_good(checkpoint)
+                self.good_health = {} if self.good is None else checkpointing.manifest(self.good)["health"]
+        self.reset_probe()
+
+    def reset_probe(self) -> None:
+        """Start measuring the pending checkpoint's weights afresh."""
+        self.probe_sum.zero_()
+        self.probe_n = 0
+
+    def judge(self, step: int) -> None:
+        """After the first applied update trained from the pending checkpoint (`step`): its weights' losses
+        decide its health (one host sync per checkpoint)."""
+        if self.pending is None or not self.probe_n:
+            return
+        loss = float(self.acc.reduce(self.probe_sum, reduction="mean")) / self.probe_n
+        why = self.exploded(loss)
+        if why is not None:
+            self.fail(step, f"{why} in the first update trained from checkpoint {self.pending.name}", loss)
+        self.record(True, loss, step)
+        self.good, self.pending, self.good_health = self.pending, None, {"loss": loss, "step": step}
+
+    def record(self, ok: bool, loss: float | None, step: int, why: str | None = None) -> bool:
+        """The pending checkpoint's verdict into its manifest, by the main process; only into one of this run
+        dir's (a resume from another run's checkpoint does not write into that run). True: recorded."""
+        ours = self.pending.parent.resolve() == self.own
+        if ours and self.acc.is_main_process:
+            checkpointing.record_health(self.pending, ok, loss, step, why)
+        return ours
+
+    def fail(self, step: int, what: str, loss: float | None = None) -> None:
+        history = ", ".join(f"step {s}: {v:g}" for s, v in self.history) or "n/a (no loss scaling)"
+        written = "No checkpoint was written from these weights."
+        if self.pending is not None:  # its weights produced (some of) the losses that failed
+            marked = ("it is marked diverged, and checkpoint.resume=latest skips it" if self.record(False, loss, step, what)
+                      else "do not resume from it")
+            written = (f"Checkpoint {self.pending} holds the weights that produced these losses (it was written "
+                       f"before they were seen): {marked}.")
+            self.pending = None
+        good = self.good if self.good is not None and self.good.is_dir() else None
+        if good is not None:
+            h = self.good_health
+            kept = (f"The newest checkpoint known good is {good} (step {checkpointing.manifest(good)['step']}: the loss "
+                    f"its weights produced in step {h.get('step')}, {h.get('loss', float('nan')):.4g}, passed these "
+                    f"checks); resume from it with a fix: checkpoint.resume={good} checkpoint.allow_config_change=true.")
+        else:
+            kept = "No checkpoint of this run is known good to go back to."
+        raise TrainingDiverged(
+            f"training diverged at step {step}: {what}.\n"
+            f"  loss-scale history: {history}\n"
+            "  likely fixes: precision=bf16 (fp32's range, no loss scaling); a lower optim.lr or more "
+            "scheduler.warmup_steps; trainer.max_grad_norm=1.0; for fp16 a smaller precision.init_scale.\n"
+            f"  {written} {kept}"
+        )
+
+
+def weights_finite(model: torch.nn.Module, acc: Accelerator | None = None) -> bool:
+    """All weights finite, on every rank. Sharded weights (ZeRO-3 partitions, FSDP2 DTensors) are checked
+    shard by shard where they live; the ranks then agree (one all-reduce)."""
+    def local(p: torch.Tensor) -> torch.Tensor:
+        p = getattr(p, "ds_tensor", p)  # ZeRO-3: this rank's partition (the parameter itself is released)
+        return p.to_local() if hasattr(p, "to_local") else p  # FSDP2: this rank's shard
+
+    ok = all(bool(torch.isfinite(local(p).detach()).all()) for p in model.parameters())
+    if acc is not None and acc.num_processes > 1:
+        ok = bool(acc.reduce(torch.tensor(int(ok), device=acc.device), reduction="sum") == acc.num_processes)
+    return ok
+
+
+@dataclass(frozen=True)
+class Training:
+    """One run's training as `finetune.build` set it up. Frozen: `fit` changes what is inside these objects
+    (weights, optimizer moments, the counters in `state`), never which objects they are."""
+
+    accelerator: Accelerator
+    model: torch.nn.Module  # prepared: wrapped for DDP/FSDP/DeepSpeed, compiled under trainer.compile
+    optimizer: torch.optim.Optimizer  # prepared: skips its step when the fp16 loss scaler finds an overflow
+    scheduler: torch.optim.lr_scheduler.LRScheduler  # prepared; stepped by `train_step`, once per applied update
+    train_dl: torch.utils.data.DataLoader
+    data: TaskData  # the tokenized splits; evaluation scores the validation splits against their examples
+    eval_dls: dict[str, torch.utils.data.DataLoader]  # prepared, "validation" first, then the extra splits
+    tracker: Tracker
+    cfg: DictConfig
+    family: Family  # the task family `build` resolved (tasks.FAMILIES): evaluation, export, model card
+    run_dir: Path
+    max_steps: int  # optimizer updates to apply in all (trainer.max_steps, or trainer.epochs' worth)
+    state: TrainState  # where training stands: checkpointed, restored on resume
+    resumed_from: Path | None = None  # the checkpoint `state` was loaded from
+    run_id: str | None = None  # this run's identity, in each of its manifests (kept by its resumes)
 
 
 @dataclass
@@ -101,533 +609,3 @@ def track_best(st: TrainState, results: dict[str, float], metric: str, mode: str
     else:
         st.evals_since_best += 1
     return improved
-
-
-@dataclass(frozen=True)
-class Training:
-    """One run's training as `finetune.build` set it up. Frozen: `fit` changes what is inside these objects
-    (weights, optimizer moments, the counters in `state`), never which objects they are."""
-
-    accelerator: Accelerator
-    model: torch.nn.Module  # prepared: wrapped for DDP/FSDP/DeepSpeed, compiled under trainer.compile
-    optimizer: torch.optim.Optimizer  # prepared: skips its step when the fp16 loss scaler finds an overflow
-    scheduler: torch.optim.lr_scheduler.LRScheduler  # prepared; stepped by `train_step`, once per applied update
-    train_dl: torch.utils.data.DataLoader
-    evaluate: Callable[[], dict[str, float]]  # every validation split: metrics, loss, samples
-    tracker: Tracker
-    cfg: DictConfig
-    family: Family  # the task family `build` resolved (tasks.FAMILIES): evaluation, export, model card
-    run_dir: Path
-    max_steps: int  # optimizer updates to apply in all (trainer.max_steps, or trainer.epochs' worth)
-    state: TrainState  # where training stands: checkpointed, restored on resume
-    resumed_from: Path | None = None  # the checkpoint `state` was loaded from
-    run_id: str | None = None  # this run's identity, in each of its manifests (kept by its resumes)
-
-
-@dataclass(frozen=True)
-class StepResult:
-    """What one `train_step` did."""
-
-    loss: torch.Tensor  # the micro-batch's loss, detached, on the device (read at logging points only)
-    synced: bool  # the last micro-batch of an accumulation: the optimizer step was attempted
-    skipped: bool  # that step was skipped by the fp16 loss scaler (overflow): no update, no scheduler step
-    grad_norm: torch.Tensor | None  # computed when clipping, or when asked for; else None
-    lr: float | None = None  # the learning rate the applied update used (None: no update applied)
-
-
-def train_step(acc: Accelerator, model: torch.nn.Module, optimizer, scheduler, batch: dict | list[dict],
-               max_grad_norm: float, want_grad_norm: bool = False) -> StepResult:
-    """One micro-batch of training, the one way ampft trains (`fit` and the speed benchmark both call this).
-
-    Forward and backward under Accelerate's gradient accumulation (fp16: the loss scaled). A micro-batch
-    split into chunks of similar lengths (a list, `ampft.data.LengthChunks`) runs one forward and backward
-    per chunk, each chunk's mean loss weighted by its share of the micro-batch's loss terms (`loss_terms`),
-    and gradients synchronised across ranks on the last chunk only: the micro-batch's gradient and loss.
-    On the last micro-batch of an accumulation: clip to `max_grad_norm` (> 0), which unscales fp16 gradients
-    first (the norm is inf/NaN when the step overflowed), or only compute the norm if `want_grad_norm`; the
-    optimizer step, which the loss scaler skips on overflow; the LR scheduler only for an applied update;
-    zero_grad."""
-    grad_norm = None
-    chunks = batch if isinstance(batch, list) else [batch]
-    if len(chunks) > 1:  # each chunk's share of the batch's loss terms (a whole batch needs no weight)
-        terms = [loss_terms(c) for c in chunks]
-        total = sum(terms)
-    with acc.accumulate(model):
-        loss = torch.zeros((), device=acc.device)
-        for i, chunk in enumerate(chunks):
-            with acc.no_sync(model) if i < len(chunks) - 1 else nullcontext():
-                part = model(**chunk).loss
-                if len(chunks) > 1:  # no terms (a chunk of unlabelled tokens): its NaN mean counts 0
-                    part = torch.where(terms[i] > 0, part, 0.0) * (terms[i] / total)
-                acc.backward(part)
-            loss += part.detach().float()
-        if acc.sync_gradients:
-            if max_grad_norm > 0:
-                grad_norm = acc.clip_grad_norm_(model.parameters(), max_grad_norm)
-            elif want_grad_norm:
-                grad_norm = acc.clip_grad_norm_(model.parameters(), float("inf"))
-        optimizer.step()  # Accelerate steps only on the last micro-batch of an accumulation
-        optimizer.zero_grad(set_to_none=True)
-    synced = acc.sync_gradients
-    skipped = synced and optimizer.step_was_skipped
-    lr = None
-    if synced and not skipped:
-        lr = scheduler.get_last_lr()[0]
-        scheduler.step()
-    return StepResult(loss, synced, skipped, grad_norm, lr)
-
-
-def loss_terms(batch: dict) -> torch.Tensor:
-    """How many terms a batch's mean loss averages, as transformers' heads compute it: labelled tokens for
-    token-level labels (2-D integer, -100 ignored by the cross-entropy), else rows (sequence labels,
-    regression, multi-label rows, QA start/end positions)."""
-    labels = batch.get("labels")
-    if labels is not None and labels.dim() == 2 and not labels.is_floating_point():
-        return (labels != -100).sum()
-    return torch.tensor(batch["input_ids"].shape[0], device=batch["input_ids"].device)
-
-
-class Meters:
-    """Token and sample counts kept on the device; folded into the state at logging points."""
-
-    def __init__(self, acc: Accelerator):
-        self.acc = acc
-        self.tokens = torch.zeros((), dtype=torch.long, device=acc.device)
-        self.samples = 0
-        self.tic = time.perf_counter()
-
-    def count(self, batch: dict | list[dict]) -> None:
-        for chunk in batch if isinstance(batch, list) else [batch]:
-            self.tokens += chunk["attention_mask"].sum()
-            self.samples += chunk["input_ids"].shape[0]  # QA batches have start/end positions, no labels
-
-    def fold(self, st: TrainState) -> None:
-        """Add what was counted and the time since the last fold or restart (one host sync)."""
-        st.tokens += int(self.acc.reduce(self.tokens, reduction="sum"))
-        st.samples += self.samples * self.acc.num_processes
-        st.train_seconds += time.perf_counter() - self.tic
-        self.tokens.zero_()
-        self.samples = 0
-        self.restart()
-
-    def restart(self) -> None:
-        self.tic = time.perf_counter()
-
-
-class Guard:
-    """Watches for divergence without a host sync per step, and decides which checkpoints are known good.
-
-    Per optimizer step, a device-side counter tracks the current run of steps whose loss was not finite
-    (and its maximum); it is read every `max_consecutive_nonfinite` attempts and at logging points. Under
-    fp16 the loss scale is read after every step (GradScaler already syncs there) and its changes are
-    kept as the scale history that the error message shows.
-
-    A loss explosion (a logging window's mean loss above `precision.max_loss_ratio` times the loss of the
-    run's first micro-batch, taken before any update) also stops the run; it is checked at logging points
-    and before every checkpoint, so no checkpoint is written after exploded losses.
-
-    A loss is computed with the weights of the update before it, so those checks run one update behind the
-    weights a checkpoint holds. A checkpoint is therefore known good only once its own weights were seen: the
-    losses of the first update trained from it (a resume's first update too) pass the same checks (finite,
-    within max_loss_ratio). The verdict goes into its manifest (`checkpointing.record_health`); a divergence
-    marks the checkpoint not judged yet as diverged (its weights produced the failing losses) and names the
-    newest checkpoint known good, never one whose weights were not seen.
-    """
-
-    def __init__(self, acc: Accelerator, p: DictConfig, st: TrainState | None = None, run_dir: Path | None = None):
-        self.acc, self.p, self.st = acc, p, st
-        self.own = None if run_dir is None else (Path(run_dir) / "checkpoints").resolve()  # verdicts written here
-        self.window_sum = torch.zeros((), device=acc.device)
-        self.window_n = 0
-        self.first: torch.Tensor | None = None
-        self.step_bad = torch.zeros((), dtype=torch.bool, device=acc.device)
-        self.run = torch.zeros((), dtype=torch.long, device=acc.device)
-        self.worst = torch.zeros((), dtype=torch.long, device=acc.device)
-        self.attempts = 0
-        self.history: deque[tuple[int, float]] = deque(maxlen=12)
-        self.scale = acc.scaler.get_scale() if acc.scaler is not None else None
-        if self.scale is not None:
-            self.history.append((0, self.scale))
-        self.pending: Path | None = None  # the newest checkpoint, its own weights not judged yet
-        self.good: Path | None = None  # the newest checkpoint of this line known good
-        self.good_health: dict = {}  # its verdict: the loss its weights produced, and in which step
-        self.probe_sum = torch.zeros((), device=acc.device)  # losses computed with the pending checkpoint's weights
-        self.probe_n = 0
-
-    def track(self, checkpoint: Path | None) -> None:
-        """`checkpoint` was just saved, or resumed from: the next update trains from its weights."""
-        if checkpoint is None:
-            return
-        if checkpointing.healthy(checkpoint):
-            self.pending = None
-            self.good, self.good_health = checkpoint, checkpointing.manifest(checkpoint)["health"]
-        else:
-            self.pending = checkpoint
-            if self.good is None:  # a resume: the newest known good among its ancestors
-                self.good = checkpointing.known_good(checkpoint)
-                self.good_health = {} if self.good is None else checkpointing.manifest(self.good)["health"]
-        self.reset_probe()
-
-    def reset_probe(self) -> None:
-        """Start measuring the pending checkpoint's weights afresh (after a step the loss scaler skipped: the
-        verdict is taken from the update that is applied)."""
-        self.probe_sum.zero_()
-        self.probe_n = 0
-
-    def see_loss(self, loss: torch.Tensor) -> None:
-        loss = loss.detach()
-        self.step_bad |= ~torch.isfinite(loss)
-        self.window_sum += loss.float()
-        self.window_n += 1
-        if self.pending is not None:
-            self.probe_sum += loss.float()
-            self.probe_n += 1
-        if self.first is None and self.st is not None and self.st.initial_loss is None:
-            self.first = loss.float().clone()
-
-    def exploded(self, loss: float) -> str | None:
-        """Why a mean loss means divergence (None: it does not)."""
-        if not math.isfinite(loss):
-            return f"the loss was {loss}"
-        ratio, initial = self.p.max_loss_ratio, None if self.st is None else self.st.initial_loss
-        if ratio and initial is not None and math.isfinite(initial) and loss > ratio * abs(initial):
-            return (f"the loss exploded: {loss:.4g}, more than precision.max_loss_ratio={ratio:g} x the initial loss "
-                    f"{initial:.4g}")
-        return None
-
-    def judge(self, step: int) -> None:
-        """After the first applied update trained from the pending checkpoint (`step`): its weights' losses
-        decide its health (one host sync per checkpoint)."""
-        if self.pending is None or not self.probe_n:
-            return
-        loss = float(self.acc.reduce(self.probe_sum, reduction="mean")) / self.probe_n
-        why = self.exploded(loss)
-        if why is not None:
-            self.fail(step, f"{why} in the first update trained from checkpoint {self.pending.name}", loss)
-        self.record(True, loss, step)
-        self.good, self.pending, self.good_health = self.pending, None, {"loss": loss, "step": step}
-
-    def record(self, ok: bool, loss: float | None, step: int, why: str | None = None) -> bool:
-        """The pending checkpoint's verdict into its manifest, by the main process; only into one of this run
-        dir's (a resume from another run's checkpoint does not write into that run). True: recorded."""
-        ours = self.own is not None and self.pending.parent.resolve() == self.own
-        if ours and self.acc.is_main_process:
-            checkpointing.record_health(self.pending, ok, loss, step, why)
-        return ours
-
-    def check_loss(self, step: int) -> None:
-        """The window since the last call against the initial loss (one host sync; at logging points and
-        checkpoints)."""
-        if self.st is None or not self.window_n:
-            return
-        window = float(self.acc.reduce(self.window_sum, reduction="mean")) / self.window_n
-        self.window_sum.zero_()
-        self.window_n = 0
-        if self.st.initial_loss is None and self.first is not None:
-            self.st.initial_loss = float(self.acc.reduce(self.first, reduction="mean"))
-        if math.isfinite(window) and (why := self.exploded(window)):  # non-finite: the consecutive count decides
-            self.fail(step, f"{why} (the mean over the last steps)")
-
-    def end_step(self, step: int) -> None:
-        """After each optimizer step attempt (applied or skipped)."""
-        self.attempts += 1
-        self.run = torch.where(self.step_bad, self.run + 1, torch.zeros_like(self.run))
-        self.worst = torch.maximum(self.worst, self.run)
-        self.step_bad.zero_()
-        if self.scale is not None:
-            scale = self.acc.scaler.get_scale()
-            if scale != self.scale:
-                self.history.append((step, scale))
-                self.scale = scale
-            if scale < self.p.min_scale:
-                self.fail(step, f"the fp16 loss scale collapsed to {scale:g}, below precision.min_scale="
-                                 f"{self.p.min_scale:g}")
-        if self.attempts % self.p.max_consecutive_nonfinite == 0:
-            self.check(step)
-
-    def check(self, step: int) -> None:
-        worst = int(self.acc.reduce(self.worst, reduction="max"))
-        if worst >= self.p.max_consecutive_nonfinite:
-            self.fail(step, f"the loss was not finite for {worst} optimizer steps in a row "
-                             f"(precision.max_consecutive_nonfinite={self.p.max_consecutive_nonfinite})")
-
-    def fail(self, step: int, what: str, loss: float | None = None) -> None:
-        history = ", ".join(f"step {s}: {v:g}" for s, v in self.history) or "n/a (no loss scaling)"
-        written = "No checkpoint was written from these weights."
-        if self.pending is not None:  # its weights produced (some of) the losses that failed
-            marked = ("it is marked diverged, and checkpoint.resume=latest skips it" if self.record(False, loss, step, what)
-                      else "do not resume from it")
-            written = (f"Checkpoint {self.pending} holds the weights that produced these losses (it was written "
-                       f"before they were seen): {marked}.")
-            self.pending = None
-        good = self.good if self.good is not None and self.good.is_dir() else None
-        if good is not None:
-            h = self.good_health
-            kept = (f"The newest checkpoint known good is {good} (step {checkpointing.manifest(good)['step']}: the loss "
-                    f"its weights produced in step {h.get('step')}, {h.get('loss', float('nan')):.4g}, passed these "
-                    f"checks); resume from it with a fix: checkpoint.resume={good} checkpoint.allow_config_change=true.")
-        else:
-            kept = "No checkpoint of this run is known good to go back to."
-        raise TrainingDiverged(
-            f"training diverged at step {step}: {what}.\n"
-            f"  loss-scale history: {history}\n"
-            "  likely fixes: precision=bf16 (fp32's range, no loss scaling); a lower optim.lr or more "
-            "scheduler.warmup_steps; trainer.max_grad_norm=1.0; for fp16 a smaller precision.init_scale.\n"
-            f"  {written} {kept}"
-        )
-
-
-def weights_finite(model: torch.nn.Module, acc: Accelerator | None = None) -> bool:
-    """All weights finite, on every rank. Sharded weights (ZeRO-3 partitions, FSDP2 DTensors) are checked
-    shard by shard where they live; the ranks then agree (one all-reduce)."""
-    def local(p: torch.Tensor) -> torch.Tensor:
-        p = getattr(p, "ds_tensor", p)  # ZeRO-3: this rank's partition (the parameter itself is released)
-        return p.to_local() if hasattr(p, "to_local") else p  # FSDP2: this rank's shard
-
-    ok = all(bool(torch.isfinite(local(p).detach()).all()) for p in model.parameters())
-    if acc is not None and acc.num_processes > 1:
-        ok = bool(acc.reduce(torch.tensor(int(ok), device=acc.device), reduction="sum") == acc.num_processes)
-    return ok
-
-
-def fit(training: Training) -> TrainState:
-    """Train until `max_steps` updates are applied, `trainer.max_minutes` have passed or early stopping ends it
-    (`trainer.early_stopping_patience`), then evaluate (unless this very step was evaluated). SIGTERM/SIGUSR1 checkpoint at the next step and raise `Preempted`."""
-    with preemption_signals() as preempt:
-        return TrainingLoop(training, preempt).run()
-
-
-class LossWindow:
-    """The micro-batch losses since the last logging point, summed on the device, and the optimizer steps the
-    loss scaler skipped in that window; also the newest gradient norm (kept across windows: without clipping
-    only the steps that are logged compute one) and the learning rate of the newest applied update."""
-
-    def __init__(self, acc: Accelerator):
-        self.acc = acc
-        self.loss = torch.zeros((), device=acc.device)
-        self.batches = 0
-        self.skipped = 0
-        self.grad_norm: torch.Tensor | None = None
-        self.lr: float | None = None
-
-    def add(self, step: StepResult) -> None:
-        self.loss += step.loss.float()
-        self.batches += 1
-        if step.grad_norm is not None:
-            self.grad_norm = step.grad_norm
-        if step.lr is not None:
-            self.lr = step.lr
-
-    def close(self, st: TrainState) -> None:
-        """Fold the window's losses into the state (the host sync for the loss) and start a new window."""
-        total = float(self.acc.reduce(self.loss, reduction="mean"))
-        st.loss_sum += total
-        st.loss_batches += self.batches
-        st.last_loss = total / self.batches
-        self.loss.zero_()
-        self.batches, self.skipped = 0, 0
-
-
-class TrainingLoop:
-    """`fit`'s loop: one straight body per micro-batch (`train_step`, then the counters), and after each
-    optimizer step `after_step` (log, evaluate, checkpoint, early stopping, preemption, time limit, in that order)."""
-
-    def __init__(self, training: Training, preempt: dict):
-        self.training, self.state, self.preempt = training, training.state, preempt
-        acc = training.accelerator
-        self.meters = Meters(acc)
-        self.window = LossWindow(acc)
-        self.last_checkpoint = training.resumed_from  # the newest checkpoint of this line: saved, or resumed from
-        self.guard = Guard(acc, training.cfg.precision, self.state, training.run_dir)
-        self.guard.track(training.resumed_from)
-        minutes = training.cfg.trainer.max_minutes
-        self.deadline = None if minutes is None else time.monotonic() + 60 * minutes
-        tr = training.cfg.trainer  # early stopping's evaluations, now that the steps per epoch are known
-        problem = early_stopping_problem(tr, training.max_steps, math.ceil(len(training.train_dl) / tr.grad_accum))
-        if problem is not None:
-            raise ConfigError([problem])
-
-    def run(self) -> TrainState:
-        t, st, tr = self.training, self.state, self.training.cfg.trainer
-        t.model.train()
-        t.tracker.advance(st.step)
-        done = st.step >= t.max_steps or self.stop_early()  # a checkpoint of the step that stopped: stops again
-        while not done:
-            for batch in self.rest_of_epoch():
-                step = train_step(t.accelerator, t.model, t.optimizer, t.scheduler, batch, tr.max_grad_norm,
-                                  want_grad_norm=(st.step + 1) % tr.log_every == 0)
-                st.batch_in_epoch += 1
-                self.window.add(step)
-                self.guard.see_loss(step.loss)
-                self.meters.count(batch)
-                if step.synced:
-                    done = self.after_step(step)
-                if done:
-                    break
-            if not done:  # the epoch ran out before max_steps
-                st.epoch += 1
-                st.batch_in_epoch = 0
-                if not tr.eval_every and st.eval_step != st.step:  # (evaluated already: a checkpoint's best)
-                    self.evaluate()
-                    done = self.stop_early()
-        self.meters.fold(st)
-        if self.window.batches:  # the last, partial logging window
-            self.window.close(st)
-        self.guard.check(st.step)
-        self.guard.check_loss(st.step)
-        st.loss_scale = self.guard.scale
-        if st.eval_step != st.step:
-            self.evaluate()
-        return st
-
-    def rest_of_epoch(self) -> torch.utils.data.DataLoader:
-        """The current epoch's batches not consumed yet; resuming mid-epoch jumps over the consumed ones
-        without loading them."""
-        st, dl = self.state, self.training.train_dl
-        batches = self.training.accelerator.skip_first_batches(dl, st.batch_in_epoch) if st.batch_in_epoch else dl
-        batches.set_epoch(st.epoch)  # the epoch's data order (a fresh skip loader would say epoch 0)
-        return batches
-
-    def after_step(self, step: StepResult) -> bool:
-        """After an optimizer step attempt. A skipped one (fp16 overflow) is only counted; after an applied
-        update, in this order: log, evaluate, checkpoint (each at its interval); early stopping; on a preemption
-        signal, checkpoint (unless this step was just saved) and raise `Preempted`. True: training is done
-        (`max_steps` reached, early stopping, or `trainer.max_minutes` passed)."""
-        t, st, tr, ck = self.training, self.state, self.training.cfg.trainer, self.training.cfg.checkpoint
-        if step.skipped:
-            st.skipped += 1
-            self.window.skipped += 1
-            self.guard.end_step(st.step)
-            self.guard.reset_probe()
-            return False
-        self.guard.end_step(st.step)
-        st.step += 1
-        t.tracker.advance()
-        self.guard.judge(st.step)
-        if st.step % tr.log_every == 0 or st.step == t.max_steps:
-            self.log()
-        if tr.eval_every and st.step % tr.eval_every == 0:
-            self.evaluate()
-        if ck.every and st.step % ck.every == 0:
-            self.checkpoint()
-        stop = self.stop_early()  # after the checkpoint: its evaluation (checkpoint.keep_best) counts too
-        if st.step < t.max_steps and not stop and self.signalled():
-            if not self.saved_this_step():
-                self.checkpoint()
-            raise Preempted(f"stopped by {self.preempt['signal']} at step {st.step}; checkpoint written: "
-                            f"{self.last_checkpoint}. Resume: hydra.run.dir={t.run_dir} checkpoint.resume=latest")
-        return stop or st.step >= t.max_steps or self.out_of_time()
-
-    def log(self) -> None:
-        t, st, window = self.training, self.state, self.window
-        self.meters.fold(st)
-        skipped_in_window = window.skipped
-        window.close(st)
-        values = dict(
-            loss=st.last_loss,
-            lr=window.lr,  # the logged step's, as the Trainer logs it (not the next step's)
-            epoch=st.epoch + st.batch_in_epoch / len(t.train_dl),
-            samples_per_second=st.samples / max(st.train_seconds, 1e-9),
-            tokens_per_second=st.tokens / max(st.train_seconds, 1e-9),
-            skipped_steps=st.skipped,
-            skipped_in_window=skipped_in_window,
-        )
-        if window.grad_norm is not None:
-            values["grad_norm"] = float(window.grad_norm)
-        if self.guard.scale is not None:
-            values["loss_scale"] = self.guard.scale
-        t.tracker.log("train", st.step, values)  # NaN and inf are logged as they are
-        self.guard.check(st.step)
-        self.guard.check_loss(st.step)
-
-    def evaluate(self) -> dict[str, float]:
-        st, ck = self.state, self.training.cfg.checkpoint
-        self.meters.fold(st)  # evaluation time is not training time
-        results = self.training.evaluate()
-        st.eval_step, st.eval_results = st.step, results
-        metric = ck.metric or self.training.cfg.task.main_metric
-        track_best(st, results, metric, metric_mode(metric, ck.mode))
-        self.training.tracker.log("eval", st.step, results)
-        self.meters.restart()
-        return results
-
-    def stop_early(self) -> bool:
-        """trainer.early_stopping_patience evaluations in a row without improvement, the latest at this very step:
-        training ends here. The count is in the checkpointed state, so a run resumed from any checkpoint stops
-        where the uninterrupted run would."""
-        st, patience = self.state, self.training.cfg.trainer.early_stopping_patience
-        if st.stopped_early_at is None and patience and st.eval_step == st.step \
-                and st.evals_since_best >= patience and st.step < self.training.max_steps:
-            st.stopped_early_at = st.step
-            metric = self.training.cfg.checkpoint.metric or self.training.cfg.task.main_metric
-            log.info("early stopping at step %d: %s did not improve for %d evaluations; the best, %.4g, was at step %s",
-                     st.step, metric, st.evals_since_best, st.best_eval[metric] if st.best_eval else float("nan"),
-                     st.best_step)
-        return st.stopped_early_at is not None
-
-    def checkpoint(self) -> None:
-        t, st, ck = self.training, self.state, self.training.cfg.checkpoint
-        self.meters.fold(st)
-        self.guard.check(st.step)
-        self.guard.check_loss(st.step)
-        if not weights_finite(t.model, t.accelerator):  # never overwrite good checkpoints with broken weights
-            self.guard.fail(st.step, "the weights are not finite at a checkpoint")
-        metric = None
-        if ck.keep_best or ck.export_best:  # rank checkpoints by an evaluation at this very step
-            if st.eval_step != st.step:
-                self.evaluate()
-            name = ck.metric or t.cfg.task.main_metric
-            metric = {"name": name, "value": st.eval_results[name]}
-        info = dict(epoch=st.epoch, batch_in_epoch=st.batch_in_epoch, loss=st.last_loss, metric=metric)
-        self.last_checkpoint = checkpointing.save(
-            t.accelerator, t.run_dir, st.step, info, st.state_dict(), to_plain(t.cfg),
-            t.accelerator.unwrap_model(t.model).config, ck.keep_last, ck.keep_best,
-            metric_mode(ck.metric or t.cfg.task.main_metric, ck.mode), parent=self.last_checkpoint,
-            scheduler=t.scheduler, run_id=t.run_id)
-        self.guard.track(self.last_checkpoint)
-        self.meters.restart()
-
-    def signalled(self) -> bool:
-        """A preemption signal arrived (on any rank; several ranks agree at logging points)."""
-        return _any_rank(self.training.accelerator, self.preempt["signal"] is not None, self.state.step,
-                         self.training.cfg.trainer.log_every)
-
-    def saved_this_step(self) -> bool:
-        return self.last_checkpoint is not None and self.last_checkpoint.name == f"step_{self.state.step}"
-
-    def out_of_time(self) -> bool:
-        """trainer.max_minutes has passed (the slowest rank's clock counts)."""
-        return self.deadline is not None and _any_rank(self.training.accelerator, time.monotonic() > self.deadline,
-                                                       self.state.step, self.training.cfg.trainer.log_every)
-
-
-def _any_rank(acc: Accelerator, flag: bool, step: int, log_every: int) -> bool:
-    """`flag` on any rank, decided alike by all: one process reads its own flag (no device sync); several
-    ranks agree at logging points only (one collective per logging interval)."""
-    if acc.num_processes == 1:
-        return flag
-    if step % log_every:
-        return False
-    return bool(acc.reduce(torch.tensor(flag, device=acc.device), "max"))
-
-
-
-
-@contextmanager
-def preemption_signals():
-    """Turn SIGTERM and SIGUSR1 into a flag the loop reads at step boundaries (main thread only)."""
-    flag = {"signal": None}
-    if threading.current_thread() is not threading.main_thread():
-        yield flag
-        return
-
-    def handler(signum, frame):
-        flag["signal"] = signal.Signals(signum).name
-        log.warning("%s received: will checkpoint at the next step boundary and exit", flag["signal"])
-
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGUSR1)}
-    try:
-        yield flag
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)

@@ -28,7 +28,6 @@ from accelerate.utils import (
     DataLoaderConfiguration,
     TorchDynamoPlugin,
     broadcast_object_list,
-    is_compiled_module,
     set_seed,
 )
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
@@ -108,8 +107,9 @@ def make_accelerator(cfg: DictConfig, run_dir: Path) -> Accelerator:
     return accelerator
 
 
-def run(cfg: DictConfig, run_dir: Path, started: float | None = None) -> dict[str, Any]:
-    """One fine-tuning run; callable repeatedly in one process (Hydra multirun, tests)."""
+def run(cfg: DictConfig, run_dir: Path, started: float | None = None, validated: bool = False) -> dict[str, Any]:
+    """One fine-tuning run; callable repeatedly in one process (Hydra multirun, tests). `validated`: `cfg` passed
+    `validation.validate` already (the launcher's, `ampft.launch`)."""
     started = time.perf_counter() if started is None else started
     run_dir = Path(run_dir)
     tasks.check_installed(cfg.task.metrics)  # a missing optional library is said now, not after training
@@ -117,7 +117,7 @@ def run(cfg: DictConfig, run_dir: Path, started: float | None = None) -> dict[st
         torch.cuda.reset_peak_memory_stats()
     held = contextlib.ExitStack()  # the run dir's lock, released when the run ends however it ends
     try:
-        training, tokenizer, ran_precision = build(cfg, run_dir, held)
+        training, tokenizer, ran_precision = build(cfg, run_dir, held, validated)
         end_process_group_at_exit()
         setup_seconds = time.perf_counter() - started  # to the first training step: model, data, cache
         try:
@@ -161,12 +161,14 @@ def reset_accelerate() -> None:
     GradientState._reset_state()
 
 
-def build(cfg: DictConfig, run_dir: Path,
-          held: contextlib.ExitStack | None = None) -> tuple[Training, PreTrainedTokenizerBase, str]:
-    """Everything the loop needs, after validation; resumed from a checkpoint if asked. `held`: take the run
-    dir's lock into it (a training run, `run`; the speed benchmark and tests that only build do not)."""
-    for warning in validate(cfg):
-        log.warning(warning)
+def build(cfg: DictConfig, run_dir: Path, held: contextlib.ExitStack | None = None,
+          validated: bool = False) -> tuple[Training, PreTrainedTokenizerBase, str]:
+    """Everything the loop needs, after validation (unless `validated` already); resumed from a checkpoint if
+    asked. `held`: take the run dir's lock into it (a training run, `run`; the speed benchmark and tests that
+    only build do not)."""
+    if not validated:
+        for warning in validate(cfg):
+            log.warning(warning)
     set_seed(cfg.trainer.seed)
     accelerator = make_accelerator(cfg, run_dir)
     distributed.check_world(accelerator)
@@ -227,14 +229,10 @@ def build(cfg: DictConfig, run_dir: Path,
     tracker = Tracker(accelerator, run_dir, cfg.logging.name.value, cfg.logging.project,
                       flat(to_plain(cfg)), max_steps, tr.progress_bar, history_until=state.step,
                       evaluated=state.eval_step == state.step)
-    # Under torch.compile, evaluation runs the eager module: the compiled graphs are the training step's
-    # (eval mode would compile a second set for a few hundred batches).
-    eval_model = model._orig_mod if is_compiled_module(model) else model
     training = Training(
         accelerator=accelerator, model=model, optimizer=optimizer, scheduler=scheduler, train_dl=train_dl,
-        evaluate=lambda: tasks.evaluate(accelerator, eval_model, data, eval_dls, cfg.task, run_dir),
-        tracker=tracker, cfg=cfg, family=family, run_dir=run_dir, max_steps=max_steps, state=state, resumed_from=resume,
-        run_id=run_id,
+        data=data, eval_dls=eval_dls, tracker=tracker, cfg=cfg, family=family, run_dir=run_dir, max_steps=max_steps,
+        state=state, resumed_from=resume, run_id=run_id,
     )
     log.info("training: %d optimizer steps (%d per epoch), batch %d x %d processes x %d accumulation",
              max_steps, steps_per_epoch, tr.batch_size, accelerator.num_processes, tr.grad_accum)

@@ -4,7 +4,12 @@
 
     python -m ampft.launch [--dry-run] [hydra overrides ...]
 
-The config is composed and validated first, so a mistake fails once, not in every rank. The run directory
+The config is composed and validated here, once, so a mistake fails once, not in every rank, and handed to the
+recipe (or every rank) in the environment: `$AMPFT_LAUNCHED` holds the composed config, Hydra's part with it,
+and the recipe's arguments. The recipe started with exactly those arguments (`run_launched`) runs the handed
+config as Hydra would run a composed one (`hydra.core.utils.run_job`: the run dir, `.hydra/`, logging,
+callbacks) and does not compose or validate it again; started any other way (typed by hand, `-m`), it
+composes and validates itself. The run directory
 is decided here, once, and handed to every rank (`hydra.run.dir=...`): unless given, a new folder named
 by the start time and a random suffix, created atomically (`mkdir` that fails if it exists), so no two
 runs ever share one, also across machines on a shared filesystem. With several machines it must be on a
@@ -14,13 +19,16 @@ command for every machine instead of running it.
 
 from __future__ import annotations
 
+import copy
 import os
 import shlex
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from ampft.config import run_stamp, to_plain
 from ampft.errors import ConfigError, check_overrides, compose_problem, exit_on_error
@@ -28,17 +36,19 @@ from ampft.errors import ConfigError, check_overrides, compose_problem, exit_on_
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = "recipes/finetune.py"
 ACCELERATE = "--accelerate"  # `python -m ampft.launch --accelerate ARGS`: `accelerate launch ARGS` keeping the ranks' code
+HANDOFF = "AMPFT_LAUNCHED"  # the composed config, from the launcher to the recipe and its ranks (`handoff`)
 
 
-def compose(overrides: list[str]) -> DictConfig:
-    """The recipe's config, as `recipes/finetune.py` composes it; what Hydra cannot compose, or composes while
-    nothing reads it, is a ConfigError (as in the recipes: `ampft.errors.compose_errors`)."""
+def compose(overrides: list[str], with_hydra: bool = False) -> DictConfig:
+    """The recipe's config, as `recipes/finetune.py` composes it (`with_hydra`: with Hydra's own part, `hydra`,
+    as the recipe's job gets it); what Hydra cannot compose, or composes while nothing reads it, is a
+    ConfigError (as in the recipes: `ampft.errors.compose_errors`)."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3", job_name=Path(RECIPE).stem):
         try:
-            cfg = hydra_compose(config_name="finetune", overrides=overrides)
+            cfg = hydra_compose(config_name="finetune", overrides=overrides, return_hydra_config=with_hydra)
         except Exception as exc:
             problem = compose_problem(exc)
             if problem is None:
@@ -158,7 +168,8 @@ def main(argv: list[str]) -> None:
         os.execv(sys.executable, [sys.executable, RECIPE, *overrides])
     from ampft.validation import validate
 
-    cfg = compose(overrides)
+    composed = compose(overrides, with_hydra=True)
+    cfg = without_hydra(composed)
     for warning in validate(cfg):
         print(f"warning: {warning}", file=sys.stderr)
     if cfg.checkpoint.resume == "latest" and not any(o.startswith("hydra.run.dir=") for o in overrides):
@@ -173,7 +184,70 @@ def main(argv: list[str]) -> None:
         return
     cmd = cmds[cfg.distributed.machine_rank]
     print(f"+ {prefix + ' ' if prefix else ''}{shlex.join(cmd)}", file=sys.stderr, flush=True)
+    env[HANDOFF] = handoff(composed, cmd[cmd.index(RECIPE) + 1:])
     os.execve(sys.executable, cmd, {**os.environ, **env})
+
+
+def without_hydra(composed: DictConfig) -> DictConfig:
+    """The job's config: what the recipe's task function gets (Hydra's own part removed)."""
+    cfg = copy.deepcopy(composed)
+    with open_dict(cfg):
+        del cfg["hydra"]
+    return cfg
+
+
+def handoff(composed: DictConfig, argv: list[str]) -> str:
+    """`composed` (with its Hydra part) as the recipe run with `argv` would compose it, and `argv`, as YAML for
+    `$AMPFT_LAUNCHED`. The run dir is the one decided here (`argv`'s last argument), which the recipe's Hydra
+    would record as the last of its Hydra overrides."""
+    run_dir = argv[-1].removeprefix("hydra.run.dir=")
+    composed = copy.deepcopy(composed)
+    h = composed.hydra
+    with open_dict(h):
+        h.run.dir = run_dir
+        h.overrides.hydra = [o for o in h.overrides.hydra if not o.startswith("hydra.run.dir=")] + [argv[-1]]
+    return OmegaConf.to_yaml(OmegaConf.create({"argv": argv, "config": composed}))
+
+
+def run_launched(task: Callable[[DictConfig], Any]) -> bool:
+    """In the recipe: run `task` on the config the launcher composed and validated (`$AMPFT_LAUNCHED`), when
+    this process was started with the arguments it was handed for; False (nothing run) otherwise. Hydra's
+    `run_job` runs it as Hydra's run mode runs a job it composed: the run dir, `.hydra/` (config, hydra,
+    overrides), the job's logging and callbacks; an exception of the job other than ampft's is raised here."""
+    text = os.environ.pop(HANDOFF, None)  # taken: the processes this one starts do not see it
+    if text is None:
+        return False
+    handed = OmegaConf.create(text)
+    if list(handed.argv) != sys.argv[1:]:  # a recipe started otherwise inside a launched run: it composes itself
+        return False
+    from hydra._internal.callbacks import Callbacks  # what Hydra's run mode calls around a job
+    from hydra.conf import HydraConf
+    from hydra.core.utils import JobRuntime, run_job
+    from hydra.types import HydraContext, RunMode
+
+    from ampft.config import FinetuneConfig
+
+    plain = OmegaConf.to_container(handed.config, resolve=False)  # typed again, as composed: enums, the schema
+    hydra_part = OmegaConf.structured(HydraConf)
+    with open_dict(hydra_part):  # Hydra's composed part: its schema, `env` added, `defaults` consumed
+        hydra_part.merge_with(plain.pop("hydra"))
+        del hydra_part["defaults"]
+    cfg = OmegaConf.merge(OmegaConf.structured(FinetuneConfig), plain)
+    with open_dict(cfg):
+        cfg.hydra = hydra_part
+        cfg.hydra.mode = RunMode.RUN
+    OmegaConf.set_struct(cfg, True)
+    JobRuntime.instance().set("name", cfg.hydra.job.name)
+    callbacks = Callbacks(cfg)
+    callbacks.on_run_start(config=cfg, config_name="finetune")
+    ret = run_job(hydra_context=HydraContext(config_loader=None, callbacks=callbacks),
+                  # ampft's errors end the process with their line and code inside the job, as in the recipe's
+                  # own Hydra job (the overrides were checked here, when composing: no arguments, no check)
+                  task_function=lambda job_cfg: exit_on_error(lambda: task(job_cfg))(),
+                  config=cfg, job_dir_key="hydra.run.dir", job_subdir_key=None)
+    callbacks.on_run_end(config=cfg, config_name="finetune", job_return=ret)
+    ret.return_value  # noqa: B018  (raises the job's exception, as Hydra's run mode does)
+    return True
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ def _losses(run_dir) -> dict[int, list[float]]:
     return out
 
 
-def _wait_for_step(proc: subprocess.Popen, run_dir, step: int, timeout: float = 240) -> None:
+def _wait_for_step(proc: subprocess.Popen, run_dir, step: int, timeout: float = 3600) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -49,7 +49,7 @@ def _wait_for_step(proc: subprocess.Popen, run_dir, step: int, timeout: float = 
 
 
 def _finish(proc: subprocess.Popen) -> subprocess.CompletedProcess:
-    out, err = proc.communicate(timeout=300)
+    out, err = proc.communicate()
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 

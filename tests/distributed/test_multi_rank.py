@@ -24,7 +24,7 @@ NO_DROPOUT = ["+model.arch.hidden_dropout_prob=0.0", "+model.arch.attention_prob
 DEEPSPEED = sorted(p.stem for p in (CONF / "distributed").glob("deepspeed-*.yaml"))
 
 
-def _make(*args: str, timeout: int = 400) -> subprocess.CompletedProcess:
+def _make(*args: str, timeout: int | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(["make", "--no-print-directory", "finetune", *args, f"PYTHON={sys.executable}"],
                           cwd=ROOT, capture_output=True, text=True, timeout=timeout)
 

@@ -15,7 +15,7 @@ from tests.helpers import ROOT, TINY
 QUICK = [*TINY, "trainer.max_steps=6", "task.max_eval_samples=33"]
 
 
-def _run(args: list[str], timeout: int = 300) -> subprocess.CompletedProcess:
+def _run(args: list[str], timeout: int | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "HYDRA_FULL_ERROR": "0"}
     return subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 

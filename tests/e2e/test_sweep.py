@@ -72,7 +72,7 @@ def test_failed_jobs_are_recorded_and_the_sweep_goes_on(tmp_path):
         assert job["error"] and "\n" not in job["error"] and f"error: {job['message']}" in proc.stderr
     _check_table(tmp_path, jobs)
     # each failure said on stderr as a single run says it, and no traceback
-    assert "error: 1 problem(s) in the config:\n  - optim.lr=nan" in proc.stderr and "Traceback" not in proc.stderr
+    assert "error: 1 problem(s) in the config: optim.lr=nan" in proc.stderr and "Traceback" not in proc.stderr
 
 
 CRASH_ON_SEED_2 = """
