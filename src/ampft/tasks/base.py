@@ -121,7 +121,7 @@ class Family:
     def predict(self, accelerator: Accelerator, model, dataloader: DataLoader, features: Dataset,
                 inputs: Dataset, task: DictConfig, labels: list[str] | None) -> list[dict[str, Any]]:
         """One JSON-able row per example of `inputs`, in that order: what the model predicts for it.
-        `dataloader` yields `features` in order (with `ampft.evaluation.predict`)."""
+        `dataloader` yields `features` in order (with `ampft.inference.predict`)."""
         raise NotImplementedError
 
     def usage(self, task: DictConfig) -> str:
