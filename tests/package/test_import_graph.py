@@ -126,3 +126,102 @@ def test_config_is_the_base():
     module level or inside functions."""
     assert _ampft_imports("config.py") == ["ampft.errors"]
     assert _ampft_imports("errors.py") == []
+
+
+# Package level: each module or subpackage directly under src/ampft is one node (`ampft.tasks.classification.family`
+# is `tasks`), and every import of ampft counts, inside functions too: a deferred import dodges a cycle at import
+# time but is still a dependency. Only `if TYPE_CHECKING:` imports are left out (annotations, never run: a lower
+# layer may name the interface of the objects handed down to it, as data/ and engine name `tasks.base.Family`).
+
+
+def _type_checking_nodes(tree: ast.AST) -> set[int]:
+    blocks = [n for n in ast.walk(tree) if isinstance(n, ast.If)
+              and ast.unparse(n.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING")]
+    return {id(inner) for block in blocks for stmt in block.body for inner in ast.walk(stmt)}
+
+
+def package_graph(src: Path = SRC) -> dict[str, dict[str, list[str]]]:
+    """{package: {package it imports: ["path:line", ...]}} over the top-level modules and subpackages of `src`."""
+    nodes = {p.stem if p.is_file() else p.name for p in src.iterdir()
+             if (p.suffix == ".py" and p.stem != "__init__") or (p / "__init__.py").is_file()}
+    graph: dict[str, dict[str, list[str]]] = {n: {} for n in nodes}
+    for path in sorted(src.rglob("*.py")):
+        rel = path.relative_to(src)
+        node = rel.with_suffix("").parts[0]
+        if node not in nodes:
+            continue  # src/ampft/__init__.py: the version string
+        package = rel.parent.parts if path.name == "__init__.py" else rel.with_suffix("").parts[:-1]
+        tree = ast.parse(path.read_text())
+        skip = _type_checking_nodes(tree)
+        for imp in ast.walk(tree):
+            if id(imp) in skip or not isinstance(imp, ast.Import | ast.ImportFrom):
+                continue
+            if isinstance(imp, ast.Import):
+                names = [a.name.split(".") for a in imp.names]
+            elif imp.level:  # relative: resolved against the importing module's package
+                base = ["ampft", *package[: len(package) - imp.level + 1], *filter(None, [imp.module])]
+                names = [base + [a.name] if len(base) == 1 else base for a in imp.names]
+            else:
+                base = (imp.module or "").split(".")
+                names = [base + [a.name] for a in imp.names] if base == ["ampft"] else [base]
+            for name in names:
+                if name[0] == "ampft" and len(name) > 1 and name[1] in nodes and name[1] != node:
+                    graph[node].setdefault(name[1], []).append(f"{rel}:{imp.lineno}")
+    return graph
+
+
+def package_cycles(graph: dict[str, dict[str, list[str]]]) -> list[list[str]]:
+    """One cycle, as a path that returns to its start, per group of packages that import each other (a
+    strongly connected component of more than one package)."""
+    reach = {n: set() for n in graph}
+    for start in graph:
+        todo = [start]
+        while todo:
+            for nxt in graph[todo.pop()]:
+                if nxt not in reach[start]:
+                    reach[start].add(nxt)
+                    todo.append(nxt)
+    groups = {frozenset(m for m in reach[n] if n in reach[m]) for n in graph if n in reach[n]}
+    return [_cycle({n: set(graph[n]) & group for n in group}) for group in sorted(groups, key=sorted)]
+
+
+def cycle_report(graph: dict[str, dict[str, list[str]]], cycles: list[list[str]]) -> str:
+    """Each cycle, then each of its edges with the imports that make it."""
+    return "\n".join(" -> ".join(c) + "".join(f"\n    {a} -> {b}: {', '.join(graph[a][b])}"
+                                             for a, b in zip(c, c[1:], strict=False))
+                     for c in cycles)
+
+
+def test_no_package_cycles():
+    graph = package_graph()
+    cycles = package_cycles(graph)
+    assert not cycles, "package import cycles:\n" + cycle_report(graph, cycles)
+
+
+def test_package_graph_reads_every_kind_of_import(tmp_path):
+    """The reader, on a package written here: module-level, function-level, `from ampft import x`, relative
+    and TYPE_CHECKING imports, and a cycle through three packages that is named."""
+    src = tmp_path / "ampft"
+    for folder in ("a", "a/sub", "b", "d"):
+        (src / folder).mkdir(parents=True)
+        (src / folder / "__init__.py").write_text("")
+    files = {
+        "__init__.py": "import ampft.a\n",
+        "a/sub/deep.py": "from ampft.b.x import y\nfrom .. import inner\n",
+        "a/inner.py": "def f():\n    from ampft import c\n",
+        "b/x.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ampft.d import T\ny = 1\n",
+        "b/__init__.py": "from . import x\n",
+        "c.py": "import ampft.b.x as bx\nimport os\n",
+        "d/__init__.py": "from ampft.c import bx\n",
+    }
+    for name, text in files.items():
+        (src / name).write_text(text)
+    graph = package_graph(src)
+    assert {n: set(e) for n, e in graph.items()} == {"a": {"b", "c"}, "b": set(), "c": {"b"}, "d": {"c"}}
+    assert graph["a"]["c"] == ["a/inner.py:2"]
+    assert package_cycles(graph) == []
+    (src / "b" / "x.py").write_text("def g():\n    import ampft.a.inner\n")
+    graph = package_graph(src)
+    assert package_cycles(graph) == [["a", "b", "a"]]  # a -> c -> b -> a is in the same group; one cycle named
+    assert cycle_report(graph, package_cycles(graph)) == (
+        "a -> b -> a\n    a -> b: a/sub/deep.py:1\n    b -> a: b/x.py:2")

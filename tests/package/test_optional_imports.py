@@ -35,7 +35,7 @@ logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
 for name in ("scipy", "sklearn", "matplotlib", "tensorboard"):
     assert importlib.util.find_spec(name) is None, f"{name} is still importable"
 
-import ampft.benchmark, ampft.finetune, ampft.evaluation, ampft.tasks  # noqa: E401
+import ampft.benchmark, ampft.finetune, ampft.evaluation.predictions, ampft.evaluation.saved, ampft.tasks  # noqa: E401
 for recipe in sorted(Path(ROOT, "recipes").glob("*.py")):  # each recipe module's own imports
     spec = importlib.util.spec_from_file_location("recipe_" + recipe.stem, recipe)
     spec.loader.exec_module(importlib.util.module_from_spec(spec))

@@ -22,7 +22,7 @@ from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
 class Family:
     """What the shared modules ask of a task family. The attributes without a value, and the methods that
-    raise NotImplementedError, are each family's own (`tests/tasks/test_registry.py` checks they are set)."""
+    raise NotImplementedError, are each family's own (`register` refuses a family that leaves an attribute unset)."""
 
     #: the task.family value that selects it
     name: ClassVar[str]
@@ -121,7 +121,7 @@ class Family:
     def predict(self, accelerator: Accelerator, model, dataloader: DataLoader, features: Dataset,
                 inputs: Dataset, task: DictConfig, labels: list[str] | None) -> list[dict[str, Any]]:
         """One JSON-able row per example of `inputs`, in that order: what the model predicts for it.
-        `dataloader` yields `features` in order (with `ampft.evaluation.predict`)."""
+        `dataloader` yields `features` in order (with `ampft.inference.predict`)."""
         raise NotImplementedError
 
     def usage(self, task: DictConfig) -> str:

@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader
 from transformers import AutoModelForSequenceClassification, DataCollatorWithPadding, PreTrainedTokenizerBase
 
 from ampft.data.load import PREDICT, DataError, file_format, load_file
-from ampft.evaluation import predict
+from ampft.inference import predict
 from ampft.tasks.base import Family, register
 from ampft.tasks.classification import metrics as glue
 from ampft.tasks.classification.data import encode_labels, label_names, load_raw, positive_label

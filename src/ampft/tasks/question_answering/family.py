@@ -25,7 +25,7 @@ from torch.utils.data import DataLoader
 from transformers import AutoModelForQuestionAnswering, DataCollatorWithPadding, PreTrainedTokenizerBase
 
 from ampft.data.load import PREDICT, DataError, check_empty_texts, load_splits, split_key
-from ampft.evaluation import predict
+from ampft.inference import predict
 from ampft.tasks.base import Family, column_names_unread, register
 from ampft.tasks.question_answering import squad
 from ampft.tasks.question_answering.squad_metric import Squad, SquadV2

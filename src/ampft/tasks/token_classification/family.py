@@ -29,7 +29,7 @@ from transformers import (
 
 from ampft.config import SeqevalMode, TagScheme
 from ampft.data.load import PREDICT, DataError, load_splits, split_key
-from ampft.evaluation import predict
+from ampft.inference import predict
 from ampft.tasks.base import Family, column_names_unread, register
 from ampft.tasks.token_classification import conll
 from ampft.tasks.token_classification.seqeval import Seqeval
