@@ -314,7 +314,7 @@ def test_make_predict_as_the_readme_types_it(family_run, tmp_path):
     rows = [json.loads(x) for x in (run_dir / "predictions" / "final_reviews" / "predictions.jsonl").open()]
     assert [r["index"] for r in rows] == [0, 1, 2]
     proc = make(f"file={reviews}", "task.family=x")
-    assert proc.returncode != 0 and "Key 'family' not in 'SavedRunTask'" in proc.stderr
+    assert proc.returncode == 2 and "error: 1 problem(s) in the config: task.family: no such key" in proc.stderr
 
 
 @pytest.mark.distributed
