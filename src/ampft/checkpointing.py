@@ -46,8 +46,8 @@ from omegaconf import OmegaConf
 
 from ampft import files
 from ampft.config import flat, schema_meta
-from ampft.data.load import file_digest
 from ampft.errors import CheckpointError
+from ampft.files import file_digest
 
 log = logging.getLogger(__name__)
 STEP_DIR = re.compile(r"^step_(\d+)$")
@@ -73,7 +73,7 @@ def _step(path: Path) -> int:
 
 
 def data_digests(config: dict[str, Any]) -> dict[str, str | None]:
-    """The content digest of the training data read from a local file (`ampft.data.load.file_digest`, what its
+    """The content digest of the training data read from a local file (`ampft.files.file_digest`, what its
     tokenization cache is keyed by), by config key: a resume checks it trains on the same data. None: the
     file cannot be read now."""
     path = config["task"].get("train_file")

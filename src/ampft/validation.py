@@ -26,6 +26,7 @@ from ampft.config import (
     schema_fields,
 )
 from ampft.data.load import extra_split_names
+from ampft.engine import early_stopping_problem
 from ampft.tasks import FAMILIES, supported_metrics
 
 
@@ -186,23 +187,6 @@ def early_stopping_checks(cfg: DictConfig) -> tuple[list[str], list[str]]:
                         f"trainer.eval_every={every} checkpoint.every={every} checkpoint.keep_best=1 "
                         "checkpoint.export_best=true")
     return problems, warnings
-
-
-def early_stopping_problem(tr: DictConfig, max_steps: int, steps_per_epoch: int | None) -> str | None:
-    """trainer.early_stopping_patience that could never stop training: the first evaluation is the best so far,
-    so stopping needs `patience` more before the last step. None where the numbers are not known yet (epochs before
-    the data is loaded) or it can stop."""
-    patience = tr.early_stopping_patience
-    interval = tr.eval_every or steps_per_epoch
-    if not patience or not interval or max_steps <= 0:
-        return None
-    evaluations = (max_steps - 1) // interval
-    if evaluations > patience:
-        return None
-    every = f"trainer.eval_every={tr.eval_every}" if tr.eval_every else f"every epoch ({steps_per_epoch} steps)"
-    return (f"trainer.early_stopping_patience={patience}: this run evaluates {evaluations} time(s) before its last "
-            f"step ({max_steps} steps, {every}), so it could never stop early; evaluate more often (trainer.eval_every"
-            f"={max(1, (max_steps - 1) // (patience + 1))} or less) or lower the patience")
 
 
 def schema_keys() -> list[str]:

@@ -6,7 +6,7 @@ import hashlib
 import os
 
 from ampft import checkpointing, files
-from ampft.data.load import file_digest
+from ampft.files import file_digest
 
 
 def test_sha256_matches_hashlib_across_block_boundaries(tmp_path):

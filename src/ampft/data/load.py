@@ -6,10 +6,8 @@ validation splits and sample limits. What the columns mean (labels, tags, answer
 from __future__ import annotations
 
 import csv
-import functools
 import json
 import logging
-import os
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -17,9 +15,9 @@ from pathlib import Path
 from datasets import Dataset, DatasetDict, load_dataset
 from omegaconf import DictConfig
 
-from ampft import files
 from ampft.data.demo import demo_splits
 from ampft.errors import DataError
+from ampft.files import file_digest
 from ampft.models import hub_reachable
 
 log = logging.getLogger(__name__)
@@ -72,21 +70,6 @@ def load_file(path: str, split: str, column_names: list[str] | None = None) -> D
         if "corresponds to no data" in str(exc):
             raise DataError(f"{split_key(split)}={path}: the file has no rows (the {split} split is empty)") from exc
         raise DataError(f"{split_key(split)}={path}: could not be read as {fmt}: {exc}") from exc
-
-
-def file_digest(path: str | os.PathLike) -> str:
-    """`<size>-<sha256 prefix>` of a file's content: what caches of data read from it are keyed by.
-
-    Hashing is cheap next to reading and tokenizing (docs/benchmarks/microbench.md#hashing-data-files).
-    Memoized per process by (path, size, mtime, ctime, inode): ctime changes with any rewrite, even one
-    that restores the mtime, so a memo is never stale."""
-    st = os.stat(path)
-    return _digest(os.path.abspath(path), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
-
-
-@functools.lru_cache(maxsize=64)
-def _digest(path: str, size: int, *stamp: int) -> str:
-    return f"{size}-{files.sha256(path)[:20]}"
 
 
 def check_rows(path: str, split: str, column_names: list[str] | None = None) -> None:

@@ -25,7 +25,7 @@ from transformers import PreTrainedTokenizerBase
 
 from ampft.config import cache_root
 from ampft.data import demo
-from ampft.data.load import file_digest
+from ampft.files import file_digest
 
 if TYPE_CHECKING:  # the families import this package's loaders
     from ampft.tasks.base import Family
