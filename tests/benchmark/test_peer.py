@@ -58,10 +58,14 @@ def test_peer_config_arms_differ_only_by_fast_paths_and_precision(name):
             for f, b in pairs} == {("trainer", "fp32", "bf16"), ("ampft", "fp32", "bf16")}
 
 
-def test_bad_peer_config_names_every_problem():
+def test_bad_peer_config_names_every_problem(tmp_path):
+    tsv = tmp_path / "sst2.tsv"  # arm c's own files, so that its model is checked wherever the real data is missing
+    tsv.write_text("sentence\tlabel\ngood\t1\nbad\t0\n")
+    files = f'"task.train_file={tsv}", "task.validation_file={tsv}"'
     p = compose_peer(['peer.arms=[{name: a, runner: ampft, overrides: ["trainer.nonsense=1"]},'
                       '{name: a, runner: trainer, overrides: ["task=conll2003", "task.train_file=x.txt",'
-                      '"task.validation_file=x.txt"]}, {name: c, runner: ampft, overrides: ["model=bert-large"]},'
+                      '"task.validation_file=x.txt"]}, {name: c, runner: ampft, overrides: ["model=bert-large", '
+                      + files + ']},'
                       '{name: d, runner: ampft, modes: [speed]}]',
                       "peer.targets=[{arm: a, over: b, min_ratio: 0}]", "peer.seeds=[1,1]"])
     with pytest.raises(BenchmarkConfigError) as err:
