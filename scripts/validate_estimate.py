@@ -183,14 +183,8 @@ def markdown_checkpointing(rows: list[dict]) -> str:
            "predicted / measured (error) | peak with / without, measured | time with / without, predicted / measured "
            "(error) |", "|---|---|---|---|---|---|"]
     for r in rows:
-        cells = []
-        for c in ("off", "on"):
-            pr, me = r[f"{c}_peak_predicted"], r[f"{c}_peak_measured"]
-            cells.append(f"{pr / 2**20:.1f} / {me / 2**20:.1f} ({error(pr, me):+.1%})")
-        cells.append(f"{r['on_peak_measured'] / r['off_peak_measured']:.0%}")
-        rp = r["on_seconds_predicted"] / r["off_seconds_predicted"]
-        rm = r["on_seconds_measured"] / r["off_seconds_measured"]
-        cells.append(f"{rp:.2f} / {rm:.2f} ({error(rp, rm):+.0%})")
+        cells = [_peak_cell(r, "off"), _peak_cell(r, "on"), f"{r['on_peak_measured'] / r['off_peak_measured']:.0%}",
+                 _time_ratio_cell(r, "on", "off")]
         out.append(f"| {r['model']} | {r['batch']} x {r['length']} | " + " | ".join(cells) + " |")
     return "\n".join(out)
 
@@ -199,18 +193,25 @@ def error(predicted: float, measured: float) -> float:
     return predicted / measured - 1
 
 
+def _peak_cell(r: dict, arm: str) -> str:
+    """An arm's step peak in MiB, predicted / measured (error)."""
+    pr, me = r[f"{arm}_peak_predicted"], r[f"{arm}_peak_measured"]
+    return f"{pr / 2**20:.1f} / {me / 2**20:.1f} ({error(pr, me):+.1%})"
+
+
+def _time_ratio_cell(r: dict, arm: str, base: str) -> str:
+    """arm's step time over base's, predicted / measured (error)."""
+    rp = r[f"{arm}_seconds_predicted"] / r[f"{base}_seconds_predicted"]
+    rm = r[f"{arm}_seconds_measured"] / r[f"{base}_seconds_measured"]
+    return f"{rp:.2f} / {rm:.2f} ({error(rp, rm):+.0%})"
+
+
 def markdown(rows: list[dict]) -> str:
     """Predicted vs measured per setting: the step's own peak (MiB) per precision, and the bf16/fp32 time ratio."""
     out = ["| model | batch x length | fp32 peak MiB predicted / measured (error) | bf16 peak MiB predicted / measured "
            "(error) | bf16/fp32 time predicted / measured (error) |", "|---|---|---|---|---|"]
     for r in rows:
-        cells = []
-        for p in ("fp32", "bf16"):
-            pr, me = r[f"{p}_peak_predicted"], r[f"{p}_peak_measured"]
-            cells.append(f"{pr / 2**20:.1f} / {me / 2**20:.1f} ({error(pr, me):+.1%})")
-        rp = r["bf16_seconds_predicted"] / r["fp32_seconds_predicted"]
-        rm = r["bf16_seconds_measured"] / r["fp32_seconds_measured"]
-        cells.append(f"{rp:.2f} / {rm:.2f} ({error(rp, rm):+.0%})")
+        cells = [_peak_cell(r, "fp32"), _peak_cell(r, "bf16"), _time_ratio_cell(r, "bf16", "fp32")]
         out.append(f"| {r['model']} | {r['batch']} x {r['length']} | " + " | ".join(cells) + " |")
     return "\n".join(out)
 
