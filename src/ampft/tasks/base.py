@@ -9,6 +9,7 @@ object up; `ampft.finetune.build` does that once per run and passes it on (to `a
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -132,6 +133,18 @@ class Family:
     def metric_keys(self, metrics: list[str]) -> list[str]:
         """The result keys that `metrics` produce (seqeval -> f1, precision, ...; accuracy -> accuracy)."""
         return list(dict.fromkeys(k for m in metrics for k in self.metrics.get(m, (m,))))
+
+
+def encoded(inputs: Dataset, encode: Callable[[dict], dict]) -> Dataset:
+    """A file's examples as features for `make predict` (a family's `input_features`): `encode` turns a batch of
+    examples into features; each feature gets its `length` in tokens, which the length-ordered batches sort by."""
+
+    def fn(batch):
+        out = encode(batch)
+        out["length"] = [len(ids) for ids in out["input_ids"]]
+        return out
+
+    return inputs.map(fn, batched=True, remove_columns=inputs.column_names, desc="tokenizing")
 
 
 def column_names_unread(task: DictConfig) -> list[str]:

@@ -17,7 +17,7 @@ from transformers import AutoModelForSequenceClassification, DataCollatorWithPad
 
 from ampft.data.load import PREDICT, DataError, file_format, load_file
 from ampft.inference import predict
-from ampft.tasks.base import Family, register
+from ampft.tasks.base import Family, encoded, register
 from ampft.tasks.classification import metrics as glue
 from ampft.tasks.classification.data import encode_labels, label_names, load_raw, positive_label
 
@@ -161,13 +161,8 @@ class Classification(Family):
 
     def input_features(self, inputs: Dataset, task: DictConfig, tokenizer: PreTrainedTokenizerBase) -> Dataset:
         fields = list(task.text_fields)
-
-        def fn(batch):
-            enc = tokenizer(*texts(batch, fields), truncation=True, max_length=task.max_length)
-            enc["length"] = [len(ids) for ids in enc["input_ids"]]
-            return enc
-
-        return inputs.map(fn, batched=True, remove_columns=inputs.column_names, desc="tokenizing")
+        return encoded(inputs, lambda batch: tokenizer(*texts(batch, fields), truncation=True,
+                                                       max_length=task.max_length))
 
     def predict(self, accelerator: Accelerator, model, dataloader: DataLoader, features: Dataset,
                 inputs: Dataset, task: DictConfig, labels: list[str] | None) -> list[dict[str, Any]]:

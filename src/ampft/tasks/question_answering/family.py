@@ -26,7 +26,7 @@ from transformers import AutoModelForQuestionAnswering, DataCollatorWithPadding,
 
 from ampft.data.load import PREDICT, DataError, check_empty_texts, load_splits, split_key
 from ampft.inference import predict
-from ampft.tasks.base import Family, column_names_unread, register
+from ampft.tasks.base import Family, column_names_unread, encoded, register
 from ampft.tasks.question_answering import squad
 from ampft.tasks.question_answering.squad_metric import Squad, SquadV2
 
@@ -153,12 +153,8 @@ class QuestionAnswering(Family):
         return ds
 
     def input_features(self, inputs: Dataset, task: DictConfig, tokenizer: PreTrainedTokenizerBase) -> Dataset:
-        def fn(batch):
-            out = squad.prepare_eval_features(batch, tokenizer, task.max_length, task.doc_stride)
-            out["length"] = [len(ids) for ids in out["input_ids"]]
-            return out
-
-        return inputs.map(fn, batched=True, remove_columns=inputs.column_names, desc="tokenizing")
+        return encoded(inputs, lambda batch: squad.prepare_eval_features(batch, tokenizer, task.max_length,
+                                                                          task.doc_stride))
 
     def predict(self, accelerator: Accelerator, model, dataloader: DataLoader, features: Dataset,
                 inputs: Dataset, task: DictConfig, labels: list[str] | None) -> list[dict[str, Any]]:

@@ -30,7 +30,7 @@ from transformers import (
 from ampft.config import SeqevalMode, TagScheme
 from ampft.data.load import PREDICT, DataError, load_splits, split_key
 from ampft.inference import predict
-from ampft.tasks.base import Family, column_names_unread, register
+from ampft.tasks.base import Family, column_names_unread, encoded, register
 from ampft.tasks.token_classification import conll
 from ampft.tasks.token_classification.seqeval import Seqeval
 
@@ -151,12 +151,7 @@ class TokenClassification(Family):
         return _read(path, PREDICT, task.token_column, None)
 
     def input_features(self, inputs: Dataset, task: DictConfig, tokenizer: PreTrainedTokenizerBase) -> Dataset:
-        def fn(batch):
-            out = conll.tokenize_and_align(batch, tokenizer, {}, task.max_length)
-            out["length"] = [len(ids) for ids in out["input_ids"]]
-            return out
-
-        return inputs.map(fn, batched=True, remove_columns=inputs.column_names, desc="tokenizing")
+        return encoded(inputs, lambda batch: conll.tokenize_and_align(batch, tokenizer, {}, task.max_length))
 
     def predict(self, accelerator: Accelerator, model, dataloader: DataLoader, features: Dataset,
                 inputs: Dataset, task: DictConfig, labels: list[str] | None) -> list[dict[str, Any]]:
