@@ -46,6 +46,19 @@ def shared(*parts: str) -> Path:
     return path
 
 
+def command_lines(lines: list[str]) -> list[str]:
+    """A page's lines as a shell reads them: a line ending in a backslash continues on the next one."""
+    out, i = [], 0
+    while i < len(lines):
+        text = lines[i].strip()
+        while text.endswith("\\"):
+            i += 1
+            text = text[:-1] + " " + lines[i].strip()
+        i += 1
+        out.append(text)
+    return out
+
+
 def assert_export_reproduces(run_dir: Path) -> dict:
     """The run's exported folder, reloaded as a user reloads it (`make evaluate run=RUN_DIR`: `from_pretrained`,
     the run's precision, one process), scores exactly what the run's final evaluation scored: every metric and

@@ -19,7 +19,7 @@ from ampft.finetune import run
 from ampft.tasks import family_for
 from ampft.tasks.classification.data import positive_label
 from ampft.validation import validate
-from tests.helpers import CONF, ROOT, TINY, compose_config, shared
+from tests.helpers import CONF, ROOT, TINY, command_lines, compose_config, shared
 
 GLUE = ["cola", "sst2", "mrpc", "qqp", "stsb", "mnli", "qnli", "rte", "wnli"]
 QUOTED = 'he said " the witness " , \'twice\' and "again'  # GLUE text keeps unbalanced quotes as text
@@ -236,13 +236,8 @@ def _documented_commands() -> list[list[str]]:
     SQuAD files."""
     lines = [x for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
              for x in page.read_text().splitlines()]
-    out, i = [], 0
-    while i < len(lines):
-        text = lines[i].strip()
-        while text.endswith("\\"):
-            i += 1
-            text = text[:-1] + " " + lines[i].strip()
-        i += 1
+    out = []
+    for text in command_lines(lines):
         words = shlex.split(text.split("  #")[0]) if text.startswith(("make finetune", "make reproduce")) else []
         if any(w.startswith("task.train_file=") and w.split("=", 1)[1].startswith(("glue_data/", "conll2003/",
                                                                                      "squad/", "sst2/"))

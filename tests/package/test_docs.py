@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT, compose_config
+from tests.helpers import ROOT, command_lines, compose_config
 
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")),
          *sorted((ROOT / "docs" / "benchmarks").glob("*.md"))]
@@ -60,14 +60,7 @@ def _make_lines() -> list[list[str]]:
     out = []
     for page in PAGES:
         for block in FENCE.findall(page.read_text()):
-            lines = block.splitlines()[1:-1]
-            i = 0
-            while i < len(lines):
-                text = lines[i].strip()
-                while text.endswith("\\"):
-                    i += 1
-                    text = text[:-1] + " " + lines[i].strip()
-                i += 1
+            for text in command_lines(block.splitlines()[1:-1]):
                 if not re.match(r"([A-Z_]+=\S+ )*make (finetune|print-config)\b", text):
                     continue
                 words = shlex.split(text.split("  #")[0])
