@@ -513,6 +513,21 @@ def run_stamp() -> str:
     return f"{datetime.now().strftime(fmt)}_{secrets.token_hex(3)}"
 
 
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+
+
+def recipe_groups(choices: DictConfig) -> str:
+    """`--help`'s group list: the groups this recipe's defaults list, each with its options (the YAML files in
+    conf/<group>/ and its subfolders), not every folder of conf/ (the other recipes' groups share it)."""
+    lines = []
+    for group in sorted(str(g) for g in choices if not str(g).startswith("hydra")):
+        for folder in sorted(d for d in [CONF_DIR / group, *(CONF_DIR / group).rglob("*")] if d.is_dir()):
+            options = sorted(f.stem for f in folder.glob("*.yaml"))
+            if options:
+                lines.append(f"{folder.relative_to(CONF_DIR)}: {', '.join(options)}")
+    return "\n".join(lines)
+
+
 def register_configs() -> None:
     store = ConfigStore.instance()
     store.store(name="finetune_schema", node=FinetuneConfig)
@@ -520,6 +535,8 @@ def register_configs() -> None:
     store.store(name="predict_schema", node=PredictConfig)
     if not OmegaConf.has_resolver("ampft_stamp"):
         OmegaConf.register_new_resolver("ampft_stamp", run_stamp, use_cache=True)
+    if not OmegaConf.has_resolver("ampft_groups"):
+        OmegaConf.register_new_resolver("ampft_groups", recipe_groups)
 
 
 register_configs()
