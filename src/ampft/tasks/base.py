@@ -135,16 +135,18 @@ class Family:
         return list(dict.fromkeys(k for m in metrics for k in self.metrics.get(m, (m,))))
 
 
-def encoded(inputs: Dataset, encode: Callable[[dict], dict]) -> Dataset:
-    """A file's examples as features for `make predict` (a family's `input_features`): `encode` turns a batch of
-    examples into features; each feature gets its `length` in tokens, which the length-ordered batches sort by."""
+def encoded(inputs: Dataset, encode: Callable[[dict], dict], keep: tuple[str, ...] = (),
+            desc: str = "tokenizing") -> Dataset:
+    """`inputs` as model features (a family's `tokenize` and `input_features`): `encode` turns a batch of examples
+    into features; each feature gets its `length` in tokens, which the length-grouped sampler and the
+    length-ordered batches sort by. The input columns go, but `keep`."""
 
     def fn(batch):
         out = encode(batch)
         out["length"] = [len(ids) for ids in out["input_ids"]]
         return out
 
-    return inputs.map(fn, batched=True, remove_columns=inputs.column_names, desc="tokenizing")
+    return inputs.map(fn, batched=True, remove_columns=[c for c in inputs.column_names if c not in keep], desc=desc)
 
 
 def column_names_unread(task: DictConfig) -> list[str]:

@@ -131,15 +131,9 @@ class Classification(Family):
         fields = list(task.text_fields)
 
         def fn(batch):
-            enc = tokenizer(*texts(batch, fields), truncation=True, max_length=task.max_length)
-            enc["length"] = [len(ids) for ids in enc["input_ids"]]
-            return enc
+            return tokenizer(*texts(batch, fields), truncation=True, max_length=task.max_length)
 
-        keep = [c for c in raw["train"].column_names if c == "labels"]
-        return DatasetDict(
-            {s: ds.map(fn, batched=True, remove_columns=[c for c in ds.column_names if c not in keep],
-                       desc=f"tokenizing {s}") for s, ds in raw.items()}
-        )
+        return DatasetDict({s: encoded(ds, fn, keep=("labels",), desc=f"tokenizing {s}") for s, ds in raw.items()})
 
     def collator(self, tokenizer: PreTrainedTokenizerBase, padding: str = "longest", max_length: int | None = None,
                  pad_to_multiple_of: int | None = None):

@@ -227,19 +227,15 @@ print({{"answer": answer, "score": probability}})
         kwargs = dict(tokenizer=tokenizer, max_length=task.max_length, doc_stride=task.doc_stride)
 
         def train(batch):
-            out = squad.prepare_train_features(batch, **kwargs)
-            out["length"] = [len(ids) for ids in out["input_ids"]]
-            return out
+            return squad.prepare_train_features(batch, **kwargs)
 
         def evaluation(batch):  # the same windows: span search inputs, and gold positions for a loss
             out = squad.prepare_eval_features(batch, **kwargs)
             positions = squad.prepare_train_features(batch, **kwargs)
             out["start_positions"], out["end_positions"] = positions["start_positions"], positions["end_positions"]
-            out["length"] = [len(ids) for ids in out["input_ids"]]
             return out
 
-        return DatasetDict({s: ds.map(train if s == "train" else evaluation, batched=True,
-                                      remove_columns=ds.column_names, desc=f"tokenizing {s}")
+        return DatasetDict({s: encoded(ds, train if s == "train" else evaluation, desc=f"tokenizing {s}")
                             for s, ds in raw.items()})
 
     def evaluate(self, accelerator: Accelerator, model, dataloader: DataLoader, features: Dataset,

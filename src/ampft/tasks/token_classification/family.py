@@ -104,15 +104,12 @@ class TokenClassification(Family):
 
         def fn(batch):
             try:
-                out = conll.tokenize_and_align(batch, tokenizer, label2id, task.max_length, task.label_all_subtokens)
+                return conll.tokenize_and_align(batch, tokenizer, label2id, task.max_length, task.label_all_subtokens)
             except ValueError as exc:
                 raise DataError(f"task={task.name}: {exc}. Fix the data, or set task.labels=[...] to every tag "
                                 "in id order") from None
-            out["length"] = [len(ids) for ids in out["input_ids"]]
-            return out
 
-        return DatasetDict({s: ds.map(fn, batched=True, remove_columns=ds.column_names, desc=f"tokenizing {s}")
-                            for s, ds in raw.items()})
+        return DatasetDict({s: encoded(ds, fn, desc=f"tokenizing {s}") for s, ds in raw.items()})
 
     def collator(self, tokenizer: PreTrainedTokenizerBase, padding: str = "longest", max_length: int | None = None,
                  pad_to_multiple_of: int | None = None):
