@@ -18,7 +18,7 @@ from accelerate import Accelerator
 from datasets import Dataset, DatasetDict
 from omegaconf import DictConfig
 from torch.utils.data import DataLoader
-from transformers import PretrainedConfig, PreTrainedTokenizerBase
+from transformers import DataCollatorWithPadding, PretrainedConfig, PreTrainedTokenizerBase
 
 
 class Family:
@@ -84,7 +84,8 @@ class Family:
     def collator(self, tokenizer: PreTrainedTokenizerBase, padding: str = "longest", max_length: int | None = None,
                  pad_to_multiple_of: int | None = None):
         """Batches padded as `ampft.data.padding` says."""
-        raise NotImplementedError
+        return DataCollatorWithPadding(tokenizer, padding=padding, max_length=max_length,
+                                       pad_to_multiple_of=pad_to_multiple_of)
 
     def fake_targets(self, batch_size: int, seq_len: int) -> dict[str, torch.Tensor]:
         """A batch's training targets as zeros in the shapes and dtypes the model's loss takes: what `make

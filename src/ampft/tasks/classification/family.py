@@ -13,7 +13,7 @@ from accelerate import Accelerator
 from datasets import Dataset, DatasetDict
 from omegaconf import DictConfig
 from torch.utils.data import DataLoader
-from transformers import AutoModelForSequenceClassification, DataCollatorWithPadding, PreTrainedTokenizerBase
+from transformers import AutoModelForSequenceClassification, PreTrainedTokenizerBase
 
 from ampft.data.load import PREDICT, DataError, file_format, load_file
 from ampft.inference import predict
@@ -134,11 +134,6 @@ class Classification(Family):
             return tokenizer(*texts(batch, fields), truncation=True, max_length=task.max_length)
 
         return DatasetDict({s: encoded(ds, fn, keep=("labels",), desc=f"tokenizing {s}") for s, ds in raw.items()})
-
-    def collator(self, tokenizer: PreTrainedTokenizerBase, padding: str = "longest", max_length: int | None = None,
-                 pad_to_multiple_of: int | None = None):
-        return DataCollatorWithPadding(tokenizer, padding=padding, max_length=max_length,
-                                       pad_to_multiple_of=pad_to_multiple_of)
 
     def fake_targets(self, batch_size: int, seq_len: int) -> dict[str, torch.Tensor]:
         return dict(labels=torch.zeros(batch_size, dtype=torch.long))

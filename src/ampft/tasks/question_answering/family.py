@@ -22,7 +22,7 @@ from accelerate import Accelerator
 from datasets import Dataset, DatasetDict
 from omegaconf import DictConfig
 from torch.utils.data import DataLoader
-from transformers import AutoModelForQuestionAnswering, DataCollatorWithPadding, PreTrainedTokenizerBase
+from transformers import AutoModelForQuestionAnswering, PreTrainedTokenizerBase
 
 from ampft.data.load import PREDICT, DataError, check_empty_texts, load_splits, split_key
 from ampft.inference import predict
@@ -213,11 +213,6 @@ print({{"answer": answer, "score": probability}})
 
     def labels_from_model(self, config) -> None:
         return None
-
-    def collator(self, tokenizer: PreTrainedTokenizerBase, padding: str = "longest", max_length: int | None = None,
-                 pad_to_multiple_of: int | None = None):
-        return DataCollatorWithPadding(tokenizer, padding=padding, max_length=max_length,
-                                       pad_to_multiple_of=pad_to_multiple_of)
 
     def cache_settings(self, task: DictConfig) -> dict:
         return {"doc_stride": task.doc_stride}
