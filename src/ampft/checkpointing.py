@@ -94,14 +94,6 @@ def digests(folder: Path, names: list[str], sync: bool = False) -> dict[str, str
         return dict(zip(names, pool.map(lambda n: files.sha256(folder / n, sync), names), strict=True))
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _seal(body: dict[str, Any]) -> str:
     """SHA-256 of a manifest's keys other than the seal itself, in a canonical JSON form."""
     rest = {k: v for k, v in body.items() if k != SEAL}
@@ -112,13 +104,7 @@ def write_manifest(folder: Path, body: dict[str, Any]) -> None:
     """Write (or rewrite) a checkpoint's manifest with its seal, atomically and durably: a crash leaves the old
     manifest or the new one, never a torn one."""
     body = {**{k: v for k, v in body.items() if k != SEAL}, SEAL: _seal(body)}
-    tmp = Path(folder) / (MANIFEST + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(json.dumps(body, indent=2))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, Path(folder) / MANIFEST)
-    _fsync_dir(Path(folder))
+    files.write_atomic(Path(folder) / MANIFEST, json.dumps(body, indent=2))
 
 
 def verify(path: Path, content: bool = True) -> list[str]:
@@ -208,13 +194,7 @@ def mark_line(run_dir: Path, start: Path | None, run_id: str | None) -> None:
     if start is not None and Path(start).parent.resolve() == root.resolve():
         parent = {"name": Path(start).name, "seq": manifest(start).get("seq", 0)}
     body = {"seq": _next_seq(root), "parent": parent, "run_id": run_id, "created": time.time()}
-    tmp = root / (LINE + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(json.dumps(body, indent=1))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, root / LINE)
-    _fsync_dir(root)
+    files.write_atomic(root / LINE, json.dumps(body, indent=1))
 
 
 def _sealed(path: Path) -> bool:
@@ -390,7 +370,7 @@ def save(accelerator: Accelerator, run_dir: Path, step: int, info: dict[str, Any
             replaced = final.with_name(final.name + ".deleting")
             final.rename(replaced)
         tmp.rename(final)
-        _fsync_dir(root)
+        files.fsync_dir(root)
         if replaced is not None:
             _delete(replaced)
         off, line = lines(run_dir)
