@@ -94,14 +94,6 @@ def digests(folder: Path, names: list[str], sync: bool = False) -> dict[str, str
         return dict(zip(names, pool.map(lambda n: files.sha256(folder / n, sync), names), strict=True))
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _seal(body: dict[str, Any]) -> str:
     """SHA-256 of a manifest's keys other than the seal itself, in a canonical JSON form."""
     rest = {k: v for k, v in body.items() if k != SEAL}
@@ -112,13 +104,7 @@ def write_manifest(folder: Path, body: dict[str, Any]) -> None:
     """Write (or rewrite) a checkpoint's manifest with its seal, atomically and durably: a crash leaves the old
     manifest or the new one, never a torn one."""
     body = {**{k: v for k, v in body.items() if k != SEAL}, SEAL: _seal(body)}
-    tmp = Path(folder) / (MANIFEST + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(json.dumps(body, indent=2))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, Path(folder) / MANIFEST)
-    _fsync_dir(Path(folder))
+    files.write_atomic(Path(folder) / MANIFEST, json.dumps(body, indent=2))
 
 
 def verify(path: Path, content: bool = True) -> list[str]:
@@ -208,13 +194,7 @@ def mark_line(run_dir: Path, start: Path | None, run_id: str | None) -> None:
     if start is not None and Path(start).parent.resolve() == root.resolve():
         parent = {"name": Path(start).name, "seq": manifest(start).get("seq", 0)}
     body = {"seq": _next_seq(root), "parent": parent, "run_id": run_id, "created": time.time()}
-    tmp = root / (LINE + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(json.dumps(body, indent=1))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, root / LINE)
-    _fsync_dir(root)
+    files.write_atomic(root / LINE, json.dumps(body, indent=1))
 
 
 def _sealed(path: Path) -> bool:
@@ -374,13 +354,9 @@ def save(accelerator: Accelerator, run_dir: Path, step: int, info: dict[str, Any
     except Exception as exc:
         if accelerator.is_main_process:
             shutil.rmtree(tmp, ignore_errors=True)
-        free = shutil.disk_usage(root).free
-        need = _bytes_needed(run_dir, accelerator)
-        full = getattr(exc, "errno", None) == errno.ENOSPC or "No space left" in str(exc) or free < need
         raise CheckpointError(
             f"could not write checkpoint {final.name} into run dir {run_dir}: {type(exc).__name__}: {exc}\n"
-            f"  free space there: {free / 2**20:.1f} MiB; a checkpoint needs about {need / 2**20:.1f} MiB"
-            + (" (the disk is full)" if full else "") + ".\n"
+            + _space(exc, root, _bytes_needed(run_dir, accelerator), "a checkpoint needs") + "\n"
             f"  The earlier checkpoints are intact: {[p.name for p in checkpoints(run_dir)] or 'none'}. Free "
             "some space (or lower checkpoint.keep_last) and resume with checkpoint.resume=latest."
         ) from exc
@@ -390,7 +366,7 @@ def save(accelerator: Accelerator, run_dir: Path, step: int, info: dict[str, Any
             replaced = final.with_name(final.name + ".deleting")
             final.rename(replaced)
         tmp.rename(final)
-        _fsync_dir(root)
+        files.fsync_dir(root)
         if replaced is not None:
             _delete(replaced)
         off, line = lines(run_dir)
@@ -633,14 +609,21 @@ def export(accelerator: Accelerator, model, tokenizer, out_dir: Path, config: di
     accelerator.wait_for_everyone()
 
 
+def _space(exc: Exception, folder: Path, need: int, what: str) -> str:
+    """The free-space line of a failed write's error (safetensors reports a full disk as StorageFull)."""
+    free = shutil.disk_usage(folder).free
+    full = getattr(exc, "errno", None) == errno.ENOSPC or free < need \
+        or any(s in str(exc) for s in ("No space left", "StorageFull"))
+    return (f"  free space there: {free / 2**20:.1f} MiB; {what} about {need / 2**20:.1f} MiB"
+            + (" (the disk is full)" if full else "") + ".")
+
+
 def _export_failed(exc: Exception, write, out_dir: Path, need: int, step: int, source: Path | None) -> CheckpointError:
     """The export could not be written: remove the partial folder (never mistaken for a model), keep the
     weights where possible (the checkpoint they came from; else a folder under $TMPDIR with room for them),
     and say where they are, or that none of the run's weights survive."""
     shutil.rmtree(out_dir, ignore_errors=True)
     run_dir = out_dir.parent
-    free = shutil.disk_usage(run_dir).free
-    full = getattr(exc, "errno", None) == errno.ENOSPC or "No space left" in str(exc) or "StorageFull" in str(exc)
     if source is not None:
         kept = f"These weights are checkpoint {source}'s, which is intact: nothing is lost."
     else:
@@ -662,7 +645,6 @@ def _export_failed(exc: Exception, write, out_dir: Path, need: int, step: int, s
                     f"{step}) are lost (checkpoint.every=N saves them as training goes).")
     return CheckpointError(
         f"could not export the model to {out_dir}: {type(exc).__name__}: {exc}\n"
-        f"  free space there: {free / 2**20:.1f} MiB; the model's weights need about {need / 2**20:.1f} MiB"
-        + (" (the disk is full)" if full else "") + f".\n  {kept}\n  Free some space in {run_dir} (or give "
+        + _space(exc, run_dir, need, "the model's weights need") + f"\n  {kept}\n  Free some space in {run_dir} (or give "
         "hydra.run.dir= on a disk with room for the next run)."
     )

@@ -1,10 +1,6 @@
-"""Optional libraries, imported where a feature uses them.
-
-Fine-tuning and the speed benchmark need only the core dependencies (torch, transformers, accelerate,
-datasets, evaluate, hydra-core): what a bare CUDA image plus a few wheels has. Heavier libraries are
-declared as extras in pyproject.toml and imported inside the function that needs them; a missing one
-is a `MissingExtraError` naming the feature and the pip command, raised where it is first used.
-"""
+"""Optional libraries (pyproject.toml extras), imported inside the function that needs them, so fine-tuning
+and the benchmark run on the core dependencies alone; a missing one is a `MissingExtraError` naming the
+feature and the pip command."""
 
 from __future__ import annotations
 

@@ -1,11 +1,12 @@
-"""The one file hasher (`sha256`) and the content digest of a data file (`file_digest`): checkpoint manifests
-(`checkpointing`) and the data cache keys (`data`) use them."""
+"""The one file hasher (`sha256`), the content digest of a data file (`file_digest`) and the one atomic,
+durable file write (`write_atomic`): checkpoints, data cache keys, metrics and sweep summaries use them."""
 
 from __future__ import annotations
 
 import functools
 import hashlib
 import os
+from pathlib import Path
 
 BLOCK = 8 << 20  # bytes read at a time
 
@@ -37,3 +38,25 @@ def file_digest(path: str | os.PathLike) -> str:
 @functools.lru_cache(maxsize=64)
 def _digest(path: str, size: int, *stamp: int) -> str:
     return f"{size}-{sha256(path)[:20]}"
+
+
+def write_atomic(path: str | os.PathLike, text: str) -> None:
+    """Replace `path` with `text` via a fsynced `<name>.tmp` and a rename: a crash leaves the old file or the
+    new one, never a torn one."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def fsync_dir(path: str | os.PathLike) -> None:
+    """Make a rename inside folder `path` durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,11 +1,7 @@
-"""The one inference loop, below the task families: every rank predicts its shard, `gather_for_metrics` drops
-the padding Accelerate adds to even out the last batch, so each example is counted exactly once. Every task
-family's `evaluate` and `predict` run `predict` here over an `ampft.data.inference_dataloader`; what it picks
-from the outputs and how it scores them is the family's.
-
-Evaluation losses are computed per example (per token for NER) and gathered like the predictions, then
-averaged over the split: the same number whatever the evaluation batch size and the number of ranks (a mean
-of per-batch means would weight a short last batch, and the duplicates that pad it under several ranks)."""
+"""The one inference loop under every task family's `evaluate` and `predict`: `gather_for_metrics` drops the
+padding Accelerate adds to even out the last batch, so each example counts exactly once on any number of ranks.
+Losses are gathered per example like the predictions (a mean of per-batch means would weight a short last
+batch), so they do not depend on the evaluation batch size or the number of ranks."""
 
 from __future__ import annotations
 

@@ -33,6 +33,7 @@ from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
+from ampft import files
 from ampft.config import metric_mode
 from ampft.errors import AmpftError, EvaluationError, Preempted
 
@@ -161,10 +162,7 @@ class SweepSummary(Callback):
         data = dict(sweep_dir=str(self.sweep_dir), common_overrides=self.fixed, jobs=self.rows)
         for name, text in (("summary.json", json.dumps(data, indent=2) + "\n"),
                            ("summary.md", head + self._table() + "\n")):
-            path = self.sweep_dir / name
-            tmp = path.with_name(path.name + ".tmp")
-            tmp.write_text(text)
-            os.replace(tmp, path)
+            files.write_atomic(self.sweep_dir / name, text)
 
 
 def _fmt(value: Any) -> str:

@@ -22,6 +22,8 @@ from accelerate import Accelerator
 from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
+from ampft import files
+
 log = logging.getLogger(__name__)
 
 
@@ -163,12 +165,7 @@ def trim_history(path: Path, step: int, evaluated: bool = True) -> int:
         f.writelines(moved)
         f.flush()
         os.fsync(f.fileno())
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w") as f:
-        f.writelines(keep)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    files.write_atomic(path, "".join(keep))
     log.info("%s: %d entries past step %d moved to %s (a replaced timeline)", path, len(moved), step, REPLACED)
     return len(moved)
 
