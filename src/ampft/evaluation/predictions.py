@@ -92,7 +92,6 @@ def predict_saved(e: DictConfig) -> dict[str, Any]:
             indices = inputs["index"] if "index" in inputs.column_names else range(len(rows))
             (out_dir / glue_file).write_text(glue.submission(task.name, rows, list(indices), task.labels))
         (out_dir / "predict.json").write_text(json.dumps(out, indent=2) + "\n")
-        log.info("predictions of %s on %s: %d rows -> %s", saved.weights, path, len(rows), out_dir)
     out["path"] = str(out_dir)
     accelerator.wait_for_everyone()
     return out
