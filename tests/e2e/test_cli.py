@@ -157,3 +157,13 @@ def test_help_lists_the_groups_the_recipe_can_use_and_each_option_composes():
             key = group.split("/")[0]
             value = "/".join([*group.split("/")[1:], option])
             compose_config("finetune", [f"{key}={value}"])  # raises, naming the override, if it does not compose
+
+
+@pytest.mark.parametrize(("recipe", "group"), [("benchmark", "benchmark"), ("peer", "peer")])
+def test_the_benchmark_recipes_help_lists_their_own_group(recipe, group):
+    proc = _run([sys.executable, f"recipes/{recipe}.py", "--help"])
+    assert proc.returncode == 0, proc.stderr
+    listed = proc.stdout.split("== Configuration groups ==")[1].split("== Config ==")[0]
+    groups = dict(line.split(": ", 1) for line in listed.splitlines() if ": " in line)
+    assert groups.keys() == {group}
+    assert set(groups[group].split(", ")) == {p.stem for p in (ROOT / "conf" / group).glob("*.yaml")}

@@ -18,7 +18,7 @@ from enum import Enum
 from pathlib import Path
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig
+from omegaconf import MISSING, DictConfig, OmegaConf
 
 from ampft.config import ConfigError
 from ampft.errors import BenchmarkConfigError
@@ -135,17 +135,20 @@ class PeerConfig:
 
 def register_configs() -> None:
     store = ConfigStore.instance()
+    # --help lists the recipe's own group (benchmark or peer), as finetune's does, not every folder of conf/.
+    finetune = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "finetune.yaml"))
+    help_ = {"template": finetune["hydra"]["help"]["template"]}
     store.store(name="benchmark_recipe", node={
         "defaults": ["_self_", {"benchmark": "cpu-smoke"}],
         "benchmark": BenchmarkConfig,
         "hydra": {"run": {"dir": "runs/benchmark/${benchmark.name}/${now:%Y-%m-%d_%H-%M-%S}"},
-                  "job": {"name": "benchmark"}},
+                  "job": {"name": "benchmark"}, "help": help_},
     })
     store.store(name="peer_recipe", node={
         "defaults": ["_self_", {"peer": "sst2-minilm"}],
         "peer": PeerConfig,
         "hydra": {"run": {"dir": "runs/benchmark-peer/${peer.name}/${now:%Y-%m-%d_%H-%M-%S}"},
-                  "job": {"name": "benchmark-peer"}},
+                  "job": {"name": "benchmark-peer"}, "help": help_},
     })
 
 
