@@ -94,9 +94,9 @@ def precision(reps: int, steps: int, batch: int | None) -> None:
     from hydra import compose, initialize_config_dir
 
     from ampft.benchmark.config import CONF_DIR, Mode, arm_overrides, arms_for, compose_finetune
-    from ampft.benchmark.environment import OtherLoad, _cpu_model
+    from ampft.benchmark.environment import OtherLoad
     from ampft.benchmark.speed import measure_arm
-    from ampft.devices import HALF_CPU_FLAGS, cpu_flags
+    from ampft.devices import HALF_CPU_FLAGS, cpu_flags, cpu_name
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         b = compose(config_name="benchmark_recipe",
@@ -113,7 +113,7 @@ def precision(reps: int, steps: int, batch: int | None) -> None:
                 busy.append(other.share or 0.0)
                 print(f"  rep {rep + 1} {name}: {1000 * median[name][-1]:.0f} ms/step", flush=True)
     half = sorted(cpu_flags() & set(HALF_CPU_FLAGS))
-    print(f"\nCPU: {_cpu_model()}; half-precision flags: {', '.join(half) or 'none'}; torch threads "
+    print(f"\nCPU: {cpu_name()}; half-precision flags: {', '.join(half) or 'none'}; torch threads "
           f"{torch.get_num_threads()}; batch {b.batch_size} x {b.seq_len}; {reps} interleaved repetitions of "
           f"1 warm-up + {steps} timed steps; "
           f"other processes' CPU share {min(busy):.0%}-{max(busy):.0%}\n")
