@@ -36,14 +36,16 @@ if point == "file":
 
     accelerate_checkpointing.save = save
 elif point == "renaming":
-    real_fsync = ck._fsync_dir
+    import ampft.files as files
+
+    real_fsync = files.fsync_dir
 
     def fsync_dir(path):
         real_fsync(path)
         if Path(path).name == target:
             die()
 
-    ck._fsync_dir = fsync_dir
+    files.fsync_dir = fsync_dir  # the manifest's write (files.write_atomic) fsyncs the folder last
 elif point == "deleting":
     real_remove = ck._remove
 
