@@ -20,12 +20,10 @@ from pathlib import Path
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from ampft.config import ConfigError
+from ampft.config import CONF_DIR, ConfigError
 from ampft.errors import BenchmarkConfigError
 from ampft.models import ModelLoadError, check_loadable
 from ampft.validation import validate
-
-CONF_DIR = Path(__file__).resolve().parents[3] / "conf"
 
 
 class Runner(str, Enum):

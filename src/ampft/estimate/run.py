@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from ampft.config import Backend, Precision
+from ampft.config import CONF_DIR, Backend, Precision
 from ampft.devices import (
     HF_ANCHOR,
     MEMORY_CLAIM,
@@ -33,7 +33,6 @@ from ampft.validation import validate
 
 log = logging.getLogger(__name__)
 
-CONF_DIR = Path(__file__).resolve().parents[3] / "conf"
 ALL = [p.value for p in Precision]
 HOLDS, FAILS, NOT_APPLICABLE = "holds", "does not hold", "not applicable"
 
