@@ -1,25 +1,18 @@
-"""Save, verify, find, rotate, resume, restore the best and export.
+"""Save, verify, find, rotate, resume, restore the best and export checkpoints.
 
-A checkpoint is `accelerator.save_state` (model, optimizer, scheduler, loss scaler, RNG states of every
-rank) plus the training state as `train_state.json`, the resolved `config.yaml` and the model's
-`config.json`, written into `checkpoints/step_<N>.tmp`, fsynced, and renamed to `checkpoints/step_<N>`
-only once complete, with a `manifest.json` (step, epoch, loss, metric, config hash, lineage, run id, world
-size, the training data's digest, every file with its size and SHA-256, sealed by a checksum of its own)
-written last. A crash during a save therefore never leaves a half-written `step_<N>`; a checkpoint whose
-files (or manifest) differ from what was saved in any byte is never loaded, and `latest` falls back to the
-previous one, saying which ones it skipped and why.
+A checkpoint is `accelerator.save_state` plus `train_state.json`, the resolved `config.yaml` and the model's
+`config.json`, written into `checkpoints/step_<N>.tmp`, fsynced, and renamed to `step_<N>` only once complete;
+its `manifest.json` (step, metric, lineage, run id, world size, data digest, every file's size and SHA-256,
+sealed by a checksum of its own) is written last. A crash never leaves a half-written `step_<N>`; a checkpoint
+that differs from its manifest in any byte is never loaded, and `latest` falls back, saying what it skipped.
 
-Order: every manifest has `seq` (one more than the highest in the run dir when it was written) and
-`parent` (the checkpoint this line of training came from: the previous save of the run, or the one it
-resumed from); a run starting in a folder with checkpoints records where its line starts
-(`checkpoints/line.json`, `mark_line`). The line going on is the chain of parents from the newest of the
-saves and that marker; checkpoints off it (an abandoned line after a resume from an earlier step, or a
-previous run in a reused folder) rank before all of it, oldest first. `latest` takes the newest of the line
-that verifies, and rotation deletes from the front of that order.
+Order: every manifest has `seq` (one more than the run dir's highest) and `parent` (the previous save, or the
+checkpoint resumed from); `checkpoints/line.json` (`mark_line`) records where a run's line starts. The line
+going on is the chain of parents from the newest of the saves and that marker; checkpoints off it rank before
+it, oldest first. `latest` is the newest of the line that verifies; rotation deletes from the front.
 
 Health: a checkpoint's weights are judged by the losses of the first update trained from them
-(`record_health`, by `ampft.engine.Window`); a diverged one is never `latest`, never best, and rotation keeps
-the newest known-good one.
+(`record_health`); a diverged one is never `latest`, never best, and rotation keeps the newest known-good one.
 """
 
 from __future__ import annotations
@@ -73,9 +66,8 @@ def _step(path: Path) -> int:
 
 
 def data_digests(config: dict[str, Any]) -> dict[str, str | None]:
-    """The content digest of the training data read from a local file (`ampft.files.file_digest`, what its
-    tokenization cache is keyed by), by config key: a resume checks it trains on the same data. None: the
-    file cannot be read now."""
+    """The local training file's content digest by config key, so a resume can check it trains on the same
+    data (None: unreadable now)."""
     path = config["task"].get("train_file")
     if path is None:
         return {}
@@ -101,17 +93,14 @@ def _seal(body: dict[str, Any]) -> str:
 
 
 def write_manifest(folder: Path, body: dict[str, Any]) -> None:
-    """Write (or rewrite) a checkpoint's manifest with its seal, atomically and durably: a crash leaves the old
-    manifest or the new one, never a torn one."""
+    """Write a checkpoint's manifest with its seal, atomically and durably (never a torn one)."""
     body = {**{k: v for k, v in body.items() if k != SEAL}, SEAL: _seal(body)}
     files.write_atomic(Path(folder) / MANIFEST, json.dumps(body, indent=2))
 
 
 def verify(path: Path, content: bool = True) -> list[str]:
-    """What is wrong with a checkpoint folder (empty list: complete and as its manifest says).
-
-    content=False checks presence and sizes only (cheap, for listing); True also every file's checksum. The
-    manifest's own seal is checked either way (it is one small file)."""
+    """What is wrong with a checkpoint folder (empty: as its manifest says). content=False checks presence and
+    sizes only (cheap, for listing), True also every checksum; the manifest's seal is checked either way."""
     manifest = path / MANIFEST
     if not manifest.is_file():
         return [f"no {MANIFEST} (an interrupted or foreign save)"]
@@ -148,10 +137,8 @@ def verify(path: Path, content: bool = True) -> list[str]:
 
 
 def _lines(good: list[Path], start: dict[str, Any] | None = None) -> tuple[list[Path], list[Path]]:
-    """(checkpoints off the line going on, oldest first; the line going on, from its start to its newest save).
-
-    `start`: the run dir's line marker (`mark_line`). When it is newer than every save, a run started from its
-    `parent` after them (and has not saved yet): the line going on ends at that parent."""
+    """(checkpoints off the line going on, oldest first; the line going on, from its start). A marker `start`
+    newer than every save means a run started from its `parent` and has not saved yet: the line ends there."""
     info = {p: manifest(p) for p in good}
     by_seq = sorted(good, key=lambda p: (info[p].get("seq", 0), info[p].get("created", 0), _step(p)))
     if not by_seq:
@@ -184,9 +171,8 @@ def _line_start(root: Path) -> dict[str, Any] | None:
 
 
 def mark_line(run_dir: Path, start: Path | None, run_id: str | None) -> None:
-    """Record that a run starts a line of training here from checkpoint `start` (None: from scratch), before it
-    trains (main process). Until it saves, the line going on is this one: a crash before its first save leaves
-    `latest` at `start`, not at the newest save of the line it abandoned. Only where there are checkpoints."""
+    """Record, before training (main process), that a run starts a line here from `start` (None: scratch), so a
+    crash before its first save leaves `latest` at `start`, not at the abandoned line's newest save."""
     root = Path(run_dir) / "checkpoints"
     if not any(root.glob("step_*")):
         return
@@ -198,7 +184,6 @@ def mark_line(run_dir: Path, start: Path | None, run_id: str | None) -> None:
 
 
 def _sealed(path: Path) -> bool:
-    """The folder's manifest is readable and sealed: its place in the timeline can be trusted."""
     try:
         body = manifest(path)
         return isinstance(body, dict) and body.get(SEAL) == _seal(body)
@@ -207,9 +192,8 @@ def _sealed(path: Path) -> bool:
 
 
 def _scan(run_dir: Path, content: bool) -> tuple[list[Path], list[Path], list[tuple[Path, str]]]:
-    """(complete checkpoints off the line going on, oldest first; those of the line going on, from its start;
-    [(skipped folder, why)]). The line is traced through every sealed manifest, damaged files or not: a
-    damaged newest save still ends the line at its parent, never at another line's newest."""
+    """(off the line, on the line, [(skipped folder, why)]). The line is traced through every sealed manifest,
+    damaged files or not: a damaged newest save still ends the line at its parent, not at another line's."""
     root = Path(run_dir) / "checkpoints"
     good, placed, skipped = [], [], []
     for p in sorted(root.glob("step_*")):
@@ -248,22 +232,21 @@ def manifest(path: Path) -> dict[str, Any]:
 
 
 def healthy(path: Path) -> bool | None:
-    """The checkpoint's health verdict: True once the training losses its own weights produced passed the
-    divergence checks, False when they failed them, None while not checked yet (no step trained from it)."""
+    """True/False once the losses its weights produced passed/failed the divergence checks; None: not yet."""
     verdict = manifest(path).get("health")
     return None if verdict is None else bool(verdict["ok"])
 
 
 def record_health(path: Path, ok: bool, loss: float | None, step: int, why: str | None = None) -> None:
-    """Record the verdict on a checkpoint's weights in its manifest (main process): `loss` is the mean training
-    loss those weights produced, measured in optimizer step `step` (the first update trained from them)."""
+    """Record the verdict in the manifest (main process): `loss`, the mean loss of the first update trained
+    from these weights, in optimizer step `step`."""
     body = manifest(path)
     body["health"] = {"ok": ok, "loss": loss, "step": step, "why": why}
     write_manifest(path, body)
 
 
 def known_good(path: Path | None) -> Path | None:
-    """The newest checkpoint known good among `path` and its ancestors on its line (None if none is left)."""
+    """The newest known-good checkpoint among `path` and its ancestors (None if none is left)."""
     seen = set()
     while path is not None and path.is_dir() and path not in seen and not verify(path, content=False):
         seen.add(path)
@@ -285,8 +268,7 @@ def clean(root: Path) -> None:
 
 
 def _delete(path: Path) -> None:
-    """Delete a checkpoint folder; a checkpoint that is a symbolic link (moved to another disk and linked back)
-    loses its link only: what it points to, perhaps outside the run dir, is never deleted."""
+    """Delete a checkpoint folder; of a symbolic link only the link (what it points to is never deleted)."""
     if path.is_symlink():
         log.warning("removing the link %s; the checkpoint it points to, %s, is left as it is (delete it yourself "
                     "if it is no longer wanted)", path, os.readlink(path))
@@ -322,9 +304,8 @@ def _bytes_needed(run_dir: Path, accelerator: Accelerator) -> int:
 def save(accelerator: Accelerator, run_dir: Path, step: int, info: dict[str, Any], state: dict[str, Any],
          config: dict[str, Any], model_config, keep_last: int, keep_best: int = 0, mode: str = "max",
          parent: Path | None = None, scheduler=None, run_id: str | None = None) -> Path:
-    """Write a checkpoint atomically, then rotate: keep the last `keep_last` of the timeline and the best
-    `keep_best` of this run (`run_id`). `parent`: the checkpoint this line of training continues (the previous
-    save, or the one it resumed from). A failed write (a full disk) leaves the earlier checkpoints as they were."""
+    """Write a checkpoint atomically, then rotate (`rotate`). `parent`: the checkpoint this line continues. A
+    failed write (a full disk) leaves the earlier checkpoints as they were."""
     root = Path(run_dir) / "checkpoints"
     final = root / f"step_{step}"
     tmp = final.with_name(final.name + ".tmp")
@@ -383,23 +364,19 @@ def _metric(path: Path) -> float | None:
 
 
 def best(found: list[Path], mode: str, k: int = 1) -> list[Path]:
-    """The k best checkpoints by their recorded metric (those without one, or whose weights diverged, never
-    count)."""
+    """The k best by recorded metric (none without one, none whose weights diverged)."""
     scored = [p for p in found if _metric(p) is not None and healthy(p) is not False]
     return sorted(scored, key=lambda p: _metric(p), reverse=mode == "max")[:k]
 
 
 def of_run(found: list[Path], run_id: str | None) -> list[Path]:
-    """The checkpoints a run wrote (its own and those of its resumes): never a previous run's in a reused
-    folder. None: all of them."""
+    """The checkpoints run `run_id` and its resumes wrote, never a previous run's in a reused folder (None: all)."""
     return found if run_id is None else [p for p in found if manifest(p).get("run_id") == run_id]
 
 
 def restore_best(accelerator: Accelerator, run_dir: Path, mode: str, run_id: str | None = None) -> Path | None:
-    """Load the best checkpoint of run `run_id` (by its recorded metric; the best whose every byte verifies)
-    into the prepared objects, for exporting its weights; return it, or None (nothing loaded) when none of its
-    checkpoints has a metric that verifies. Model, optimizer, scaler and RNG states become the checkpoint's;
-    the training state is not touched."""
+    """Load run `run_id`'s best checkpoint that verifies into the prepared objects (for export) and return it;
+    None: none has a metric and verifies. The training state is not touched."""
     found = of_run(checkpoints(run_dir), run_id)
     for path in best(found, mode, k=len(found)):
         if problems := verify(path):
@@ -412,10 +389,9 @@ def restore_best(accelerator: Accelerator, run_dir: Path, mode: str, run_id: str
 
 def rotate(found: list[Path], keep_last: int, keep_best: int, mode: str, line: list[Path] | None = None,
            run_id: str | None = None) -> list[Path]:
-    """Checkpoints to delete: all but the last `keep_last` of `found` (in timeline order), the best `keep_best`
-    of run `run_id` (a previous run's in a reused folder never count) and the newest known good (`healthy`) of
-    `line` (the line going on; default `found`). The newest known good one stays while newer ones are not
-    checked yet: it is what a divergence sends the user back to."""
+    """Checkpoints to delete: all but the last `keep_last` of `found` (timeline order), the best `keep_best` of
+    run `run_id` and the newest known good of `line` (default `found`): that one is where a divergence sends
+    the user back to."""
     line = found if line is None else line
     keep = set(found[-keep_last:]) | set(best(of_run(found, run_id), mode, keep_best) if keep_best else [])
     good = [p for p in line if healthy(p)]
@@ -466,18 +442,15 @@ def _unhealthy(path: Path) -> str:
 
 
 def _scheduler_left_out(accelerator: Accelerator, scheduler) -> bool:
-    """Under DeepSpeed, `prepare(scheduler)` hands the scheduler back bare and `save_state` leaves it out;
-    ampft then keeps its state as JSON beside the training state (registering it with Accelerate would
-    pickle it)."""
+    """Under DeepSpeed `save_state` leaves the scheduler out; ampft keeps it as JSON (registering it with
+    Accelerate would pickle it)."""
     return scheduler is not None and scheduler not in accelerator._schedulers
 
 
 def load(accelerator: Accelerator, path: Path, scheduler=None) -> dict[str, Any]:
-    """Load a verified checkpoint into the prepared objects; return its training state (plain JSON).
-
-    Nothing here unpickles arbitrary objects: weights come from safetensors, the optimizer, scheduler,
-    scaler and RNG states through `torch.load(weights_only=True)` (Accelerate's default), and the
-    training state from JSON. A folder with a pickled custom state is refused before anything is read."""
+    """Load a verified checkpoint into the prepared objects; return its training state. Nothing is unpickled:
+    safetensors weights, other states by `torch.load(weights_only=True)`, the training state as JSON; a folder
+    with a pickled custom state is refused before anything is read."""
     path = Path(path)
     pickles = sorted(p.name for p in path.iterdir() if PICKLE.match(p.name))
     if pickles:
@@ -517,9 +490,7 @@ def load(accelerator: Accelerator, path: Path, scheduler=None) -> dict[str, Any]
 
 
 def breaking_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    """Keys that differ between the checkpoint's config and this run's and break an exact resume: those whose
-    schema field says so (`ampft.config.setting(exact=...)`). Everything else (logging, evaluation interval,
-    max_steps, checkpoint settings, eval batch size) may change between the two runs."""
+    """Keys that differ between the two configs and break an exact resume (`ampft.config.setting(exact=...)`)."""
     a, b = flat(saved), flat(current)
     out = []
     for key in sorted(set(a) | set(b)):
@@ -536,9 +507,8 @@ def breaking_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[str
 
 
 def check_config(path: Path, current: dict[str, Any], allow: bool, world_size: int = 1) -> list[str]:
-    """Refuse (or, allowed, warn about) a resume whose settings break exactness: config keys (`breaking_changes`),
-    the number of processes (so the global batch) and the training data's content, all as the checkpoint
-    recorded them. Returns the changes that were allowed."""
+    """Refuse (or, allowed, warn about and return) changes that break an exact resume: config keys, the number
+    of processes (so the global batch) and the training data's content."""
     saved = OmegaConf.to_container(OmegaConf.load(Path(path) / "config.yaml"))
     body = manifest(path)
     changes = breaking_changes(saved, current)
@@ -579,9 +549,8 @@ def check_config(path: Path, current: dict[str, Any], allow: bool, world_size: i
 
 def export(accelerator: Accelerator, model, tokenizer, out_dir: Path, config: dict[str, Any], card: str,
            step: int, source: Path | None = None) -> None:
-    """A Hugging Face model folder: safetensors weights, config, tokenizer, the ampft config, a model card.
-    `step`: the step of the weights; `source`: the checkpoint they were restored from, if any. A write that
-    fails (a full disk) keeps the weights elsewhere where it can (`_export_failed`) and is a CheckpointError."""
+    """Write a Hugging Face model folder (safetensors, config, tokenizer, ampft config, model card). `source`:
+    the checkpoint the weights came from, if any. A failed write is a CheckpointError (`_export_failed`)."""
     accelerator.wait_for_everyone()
     if is_compiled_module(model):  # torch.compile's wrapper would prefix every key with `_orig_mod.`
         model = model._orig_mod
@@ -619,9 +588,8 @@ def _space(exc: Exception, folder: Path, need: int, what: str) -> str:
 
 
 def _export_failed(exc: Exception, write, out_dir: Path, need: int, step: int, source: Path | None) -> CheckpointError:
-    """The export could not be written: remove the partial folder (never mistaken for a model), keep the
-    weights where possible (the checkpoint they came from; else a folder under $TMPDIR with room for them),
-    and say where they are, or that none of the run's weights survive."""
+    """Remove the partial export (never mistaken for a model), keep the weights where possible (their source
+    checkpoint, else under $TMPDIR) and say where they are, or that they are lost."""
     shutil.rmtree(out_dir, ignore_errors=True)
     run_dir = out_dir.parent
     if source is not None:
