@@ -1,10 +1,9 @@
 """Structured config schemas: the base of the package, importing nothing else from ampft.
 
-The dataclasses are registered in Hydra's ConfigStore as `finetune_schema`; conf/finetune.yaml lists
-it first in its defaults, so every YAML file and every command-line override is merged into a typed,
-closed schema: an unknown key or a value outside an enum fails at compose time with the valid choices.
-`ampft.validation.validate(cfg)` then checks what a schema cannot (files exist, fields agree) and reports
-every problem in one `ConfigError`.
+The dataclasses are registered in Hydra's ConfigStore (`finetune_schema`, first in conf/finetune.yaml's
+defaults), so every YAML file and override is merged into a typed, closed schema: an unknown key or a value
+outside an enum fails at compose time. `ampft.validation.validate(cfg)` checks what a schema cannot.
+A key is added in one place: its field here, with `setting(...)` for its range and resume exactness.
 """
 
 from __future__ import annotations
@@ -61,8 +60,7 @@ class AttnImplementation(Choice):
 
 
 class OptimImplementation(Choice):
-    # fused on CUDA and CPU (docs/benchmarks/microbench.md#adamw-why-optimimplementationauto-is-fused-on-cpu-too), foreach elsewhere and under fp16
-    auto = "auto"
+    auto = "auto"  # fused on CUDA and CPU, foreach elsewhere and under fp16 (ampft.finetune.build_optimizer)
     fused = "fused"
     foreach = "foreach"
     loop = "loop"  # plain per-parameter loop, the slowest; for debugging
@@ -101,9 +99,7 @@ class LoggerName(Choice):
     none = "none"
 
 
-# ---- What the package reads about each field, kept with the field -------------------------------------------
-# A key is added in one place: its type and default, and in `setting(...)` its range (checked by
-# `ampft.validation.validate`) and whether changing it breaks an exact resume (`ampft.checkpointing`).
+# ---- What the package reads about each field, kept with the field (`setting`) -------------------------------
 
 
 def is_finite(x: Any) -> bool:
@@ -134,12 +130,10 @@ def setting(default: Any = MISSING, *, factory: Callable[[], Any] | None = None,
             range: tuple[Callable[[Any], bool], str] | None = None, exact: bool | str | None = None) -> Any:
     """A schema field and what the package reads about it.
 
-    range: (check, what would work). `validate` reports `key=value: must be <what>` where check(value) is
-    false (or raises TypeError). A field without one is an enum or boolean that composition checks, or is
-    checked in `validate` together with the fields it depends on.
-    exact: whether a change between a checkpoint and its resume breaks an exact resume: True, False, or
-    "compiled" (only under trainer.compile). Unset: its group's (the group's field in FinetuneConfig); batch
-    shapes (padding, chunks, compile buckets) count, as they decide the dropout masks.
+    range: (check, what would work); `validate` reports `key=value: must be <what>` where check(value) is false
+    (or raises TypeError). Without one, composition or a cross-field check in `validate` covers the field.
+    exact: whether a change on resume breaks an exact resume: True, False, or "compiled" (only under
+    trainer.compile); unset: its group's. Batch shapes count, as they decide the dropout masks.
     """
     metadata = {k: v for k, v in (("range", range), ("exact", exact)) if v is not None}
     if factory is not None:
@@ -164,19 +158,16 @@ class ModelConfig:
     # transformers config kwargs for pretrained=false, with model_type (bert, roberta, ...).
     arch: dict[str, Any] = field(default_factory=dict)
     attn_implementation: AttnImplementation = AttnImplementation.auto
-    # Recompute each transformer layer's forward in the backward pass instead of keeping its activations
-    # (torch's non-reentrant checkpointing, through transformers): activation memory falls to about the layers'
-    # inputs, a step costs about one more forward. The same losses and gradients (dropout masks are replayed).
+    # Recompute each layer's forward in the backward pass instead of keeping its activations: activation memory
+    # falls to about the layers' inputs for about one more forward; the same losses and gradients.
     gradient_checkpointing: bool = setting(False, exact="compiled")
 
 
 @dataclass
 class TaskConfig:
-    """A task (conf/task/<name>.yaml). A task file must set `name`, and its data: `dataset` (a Hub dataset, with
-    `subset` where it has several) or `train_file` and `validation_file` (there or on the command line). Every other
-    key has a default below, for a single-sentence classification task (`family`, `text_fields`, `label_column`,
-    `metrics`, `max_length`, ...); like every group file a task file holds only what differs from these (a QA
-    task its family, max_length 384 and metrics, say)."""
+    """A task (conf/task/<name>.yaml). A task file must set `name` and its data: `dataset` (with `subset`) or
+    `train_file` and `validation_file`. The defaults below are a single-sentence classification task's; a task
+    file holds only what differs from them."""
 
     name: str = setting(MISSING, range=(is_text, "a task name"))
     # A registered task family (ampft.tasks.FAMILIES): classification, regression (one output, e.g. STS-B),
@@ -229,10 +220,9 @@ class TaskConfig:
     version_2: bool = False  # SQuAD v2.0: unanswerable questions, no-answer if null score wins
     # v2: answer "" when null score - best span score > this.
     null_threshold: float = setting(0.0, range=(is_finite, "a finite number"))
-    # Fraction of questions that would silently train as "no answer" that is tolerated (with a warning naming
-    # them); more is a data error: answered questions whose answer_start does not point at their text, and, in
-    # SQuAD v1.1 (version_2=false, where every question has an answer), questions without answers. The official
-    # SQuAD files have none.
+    # Fraction of questions that would silently train as "no answer" tolerated (with a warning naming them):
+    # answer_start not pointing at the answer text, and in SQuAD v1.1 (version_2=false) questions without
+    # answers. More is a data error; the official SQuAD files have none.
     max_misaligned_answers: float = setting(0.01, range=(is_fraction, "a fraction in [0, 1]"))
 
 
@@ -252,9 +242,8 @@ class PrecisionConfig:
     static_scale: float | None = setting(None, range=(optional(positive), "null (dynamic) or > 0"))
     # Stop the run after this many optimizer steps in a row with a non-finite loss.
     max_consecutive_nonfinite: int = 10
-    # Stop the run when a logging window's mean loss exceeds this multiple of the initial loss (the first
-    # micro-batch's, before any update); 0 disables. Fine-tuning stays well below it; a run that diverges
-    # (too high a learning rate) crosses it within a few steps.
+    # Stop the run when a logging window's mean loss exceeds this multiple of the first micro-batch's loss;
+    # 0 disables. Fine-tuning stays well below it; a diverging run crosses it within a few steps.
     max_loss_ratio: float = setting(10.0, exact=False)
 
 
@@ -335,21 +324,19 @@ class TrainerConfig:
     log_every: int = 20  # optimizer steps
     eval_every: int = 0  # optimizer steps; 0: at the end of every epoch
     seed: int = setting(42, range=(lambda x: 0 <= x < 2**32, "in [0, 2^32)"), exact=True)
-    # false (the default): random batches, the Trainer's own. true: batches of similar lengths (shuffled
-    # mega-batches sorted by length, batches shuffled): little padding on short-sentence tasks, about 2x the
-    # speed on SST-2, but 0.57 points of accuracy below the Trainer over ten paired seeds, where random
-    # batches are within its seed spread (docs/benchmarks/README.md). Evaluation runs in length order either way.
+    # true: batches of similar lengths (shuffled mega-batches sorted by length): about 2x the speed on SST-2, but
+    # 0.57 points of accuracy below the Trainer over ten paired seeds, where the default random batches are within
+    # its seed spread (docs/benchmarks/README.md). Evaluation runs in length order either way.
     group_by_length: bool = setting(False, exact=True)
     # With group_by_length, batches per mega-batch sorted by length: 50 (HF's choice) cost a point of SST-2
     # accuracy over three seeds; 8 cost 0.57 and 2 cost 0.72 over ten. Fewer: more random, more padding.
     length_group_size: int = setting(8, exact=True)
-    # Split each training batch into up to this many chunks of similar lengths, each padded to its own
-    # longest row, their losses weighted into the whole batch's: the same examples and update, less padding
-    # (ampft.data.LengthChunks). null: 4 on CPU, 1 on CUDA; always 1 under DeepSpeed and torch.compile; 1: off.
+    # Split each training batch into up to this many chunks of similar lengths, each padded on its own: the
+    # same update, less padding (ampft.data.LengthChunks). null: 4 on CPU, 1 on CUDA; always 1 under DeepSpeed
+    # and torch.compile; 1: off.
     length_chunks: int | None = setting(None, exact=True)
-    # What one more chunk costs, in tokens, when a batch is split (the cuts minimise padded tokens plus this per
-    # chunk). null: estimated from the model's size (ampft.data.chunk_cost, measured on the development CPU);
-    # `python scripts/microbench.py chunks` measures it on yours.
+    # What one more chunk costs, in tokens (the cuts minimise padded tokens plus this per chunk). null: from the
+    # model's size (ampft.data.chunk_cost); `python scripts/microbench.py chunks` measures it on your CPU.
     length_chunk_cost: int | None = setting(None, exact=True)
     padding: Padding = setting(Padding.longest, exact=True)
     # null: 8 under fp16/bf16 on CUDA (Tensor Core shapes), else 1.
@@ -359,9 +346,8 @@ class TrainerConfig:
     compile: bool = setting(False, exact=True)
     compile_buckets: int = setting(8, exact=True)  # with compile: lengths padded up to one of this many sizes
     num_workers: int | None = None  # dataloader workers; null: 2 on CUDA (overlap collation), 0 on CPU
-    # Stop training after this many evaluations in a row without improvement of checkpoint.metric (null:
-    # task.main_metric), in its direction (checkpoint.mode's rule). null or 0: off. The best evaluation's
-    # weights are exported only with checkpoint.export_best=true (else the weights at the step it stopped).
+    # Stop after this many evaluations in a row without improvement of checkpoint.metric (in checkpoint.mode's
+    # direction); null or 0: off. The best weights are exported only with checkpoint.export_best=true.
     early_stopping_patience: int | None = None
     cpu: bool = False  # force CPU even where a GPU is present
     progress_bar: bool = True
@@ -386,15 +372,13 @@ class CheckpointConfig:
 @dataclass
 class LoggingConfig:
     name: LoggerName = LoggerName.tensorboard
-    # The tracker's project (wandb, mlflow); for tensorboard the folder under the run dir (<run dir>/tensorboard),
-    # which must stay inside it (a relative path without '..').
+    # The tracker's project (wandb, mlflow); for tensorboard the folder under the run dir (relative, no '..').
     project: str = setting("tensorboard", range=(is_text, "a project name"))
 
 
 @dataclass
 class PublishedConfig:
-    """A recipe's published scores (set in conf/experiment/, in percent), which `make reproduce` reports the
-    run's scores next to."""
+    """A recipe's published scores in percent (conf/experiment/), which `make reproduce` compares against."""
 
     source: str | None = setting(None, range=(optional(is_text), "null or where the scores were published"))
     split: str | None = setting(None, range=(optional(is_text), "null or the split they were measured on"))
@@ -429,9 +413,8 @@ def schema_fields(schema: type | None = None, prefix: str = "") -> dict[str, Fie
 
 
 def schema_meta(key: str, name: str) -> Any:
-    """`name` ("range", "exact") set by `setting` on the field of a dotted key, or where it sets none, on the
-    nearest group above it; keys inside a field (model.arch.hidden_size) or no longer in the schema take their
-    group's. None: set nowhere."""
+    """`name` ("range", "exact") as `setting` set it on a dotted key's field, else on the nearest group above
+    it (also for keys inside a field or no longer in the schema). None: set nowhere."""
     schema: Any = FinetuneConfig
     value = None
     for part in key.split("."):
@@ -443,9 +426,8 @@ def schema_meta(key: str, name: str) -> Any:
     return value
 
 
-# The task keys `make evaluate` and `make predict` take for their file (how it is read, scored, answered); null
-# keeps the run's value. Not the task's identity (name, family, labels: the model's) nor its data source
-# (file= and split= choose that).
+# The task keys `make evaluate` and `make predict` take for their file (null keeps the run's value); not the
+# task's identity (name, family, labels: the model's) nor its data source (file=, split=).
 SAVED_RUN_TASK_KEYS = ("text_fields", "label_column", "column_names", "positive_label", "metrics", "max_length",
                        "max_eval_samples", "token_column", "tag_column", "tag_scheme", "seqeval_mode", "doc_stride",
                        "max_answer_length", "n_best", "null_threshold", "max_misaligned_answers")
@@ -489,15 +471,13 @@ class PredictConfig(SavedRunConfig):
 
 
 def run_stamp() -> str:
-    """The run directory's name: start time to the second and a 6-hex-digit suffix, the same in every rank
-    that one launcher started, different between any two runs.
+    """The run directory's name: start time and a 6-hex-digit suffix, the same in every rank one launcher
+    started, different between any two runs.
 
-    `accelerate launch recipes/finetune.py` typed by hand starts every rank's Hydra on its own; a plain
-    `${now:}` would give each rank its own run directory. All ranks of a machine share the launcher
-    process (their parent), so its start time names the run, and the suffix is a hash of the host name,
-    the launcher's pid and its start time. A lone process takes a random suffix, so two runs started in
-    the same second (also on two machines sharing a filesystem) never share a folder. (`make finetune`
-    decides the run dir itself and creates it atomically, see `ampft.launch`.)
+    Under a hand-typed `accelerate launch`, each rank's Hydra starts on its own (`${now:}` would differ), but
+    the ranks of a machine share their parent launcher: its start time names the run, the suffix hashes host,
+    pid and start. A lone process takes a random suffix, so runs started in the same second never share a
+    folder. (`make finetune` creates the run dir itself, see `ampft.launch`.)
     """
     fmt = "%Y-%m-%d_%H-%M-%S"
     if "LOCAL_RANK" in os.environ:
@@ -517,8 +497,8 @@ CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
 
 def recipe_groups(choices: DictConfig) -> str:
-    """`--help`'s group list: the groups this recipe's defaults list, each with its options (the YAML files in
-    conf/<group>/ and its subfolders), not every folder of conf/ (the other recipes' groups share it)."""
+    """`--help`'s group list: this recipe's groups with their options (conf/<group>/**.yaml), not every folder
+    of conf/ (other recipes' groups share it)."""
     lines = []
     for group in sorted(str(g) for g in choices if not str(g).startswith("hydra")):
         for folder in sorted(d for d in [CONF_DIR / group, *(CONF_DIR / group).rglob("*")] if d.is_dir()):
