@@ -1,9 +1,6 @@
-"""The checks a config gets after composition, before anything is built: `validate(cfg)` reports every
-problem at once (`ConfigError`) and returns warnings.
-
-The schema (`ampft.config`) fixes types and enums, and declares each field's range (`setting(range=...)`); this
-module checks them (`range_problems`) and what a schema cannot: the cross-field rules, the task family's own keys
-and files, and the hardware (`precision.preflight`).
+"""The checks a config gets after composition, before anything is built: `validate(cfg)` reports every problem
+at once (`ConfigError`) and returns warnings. It checks the ranges the schema declares (`range_problems`) and what
+a schema cannot: cross-field rules, the task family's keys and files, the hardware (`precision.preflight`).
 """
 
 from __future__ import annotations
@@ -31,8 +28,8 @@ from ampft.tasks import FAMILIES, supported_metrics
 
 
 def metric_keys(task: DictConfig) -> list[str]:
-    """The result keys that task.metrics produce (seqeval -> f1, precision, ...; accuracy -> accuracy): what
-    task.main_metric and checkpoint.metric may name. The tables are the families' (`Family.metrics`)."""
+    """The result keys task.metrics produce (seqeval -> f1, precision, ...): what task.main_metric and
+    checkpoint.metric may name."""
     family = FAMILIES.get(str(task.family))
     if family is None:  # reported by _task_problems
         return list(dict.fromkeys(task.metrics))
@@ -103,7 +100,6 @@ def validate(cfg: DictConfig) -> list[str]:
     problems.extend(_task_problems(task, cfg.model))
     problems.extend(range_problems(cfg))
 
-    # Model.
     m = cfg.model
     if not m.pretrained and "model_type" not in m.arch:
         problems.append(
@@ -111,12 +107,11 @@ def validate(cfg: DictConfig) -> list[str]:
             "downloading its config"
         )
 
-    # Checkpoint resume target.
     resume = cfg.checkpoint.resume
     if resume not in (None, "latest") and not Path(resume).is_dir():
         problems.append(f"checkpoint.resume={resume}: no such checkpoint folder (or use checkpoint.resume=latest)")
 
-    # Every output inside the run dir: TensorBoard writes into <run dir>/<logging.project>.
+    # Every output stays inside the run dir: TensorBoard writes into <run dir>/<logging.project>.
     project = cfg.logging.project
     if cfg.logging.name == LoggerName.tensorboard and is_text(project) and (
             Path(project).is_absolute() or ".." in Path(project).parts):
@@ -155,9 +150,8 @@ def validate(cfg: DictConfig) -> list[str]:
 
 
 def early_stopping_checks(cfg: DictConfig) -> tuple[list[str], list[str]]:
-    """trainer.early_stopping_patience with what it needs: enough evaluations to stop before the end (where the
-    steps are known before the data is), and with checkpoint.export_best a kept checkpoint at every evaluation.
-    (problems, warnings): without export_best, a warning that the export holds the last weights."""
+    """(problems, warnings) of trainer.early_stopping_patience: enough evaluations to stop before the end, with
+    export_best a kept checkpoint at each; without it, a warning that the export holds the last weights."""
     tr, ck = cfg.trainer, cfg.checkpoint
     patience = tr.early_stopping_patience
     if patience is None or patience == 0:
@@ -195,8 +189,7 @@ def schema_keys() -> list[str]:
 
 
 def range_problems(cfg: DictConfig) -> list[str]:
-    """Each value outside the range its schema field declares (`ampft.config.setting`), as `key=value: must be
-    ...`."""
+    """Each value outside its schema field's range (`ampft.config.setting`), as `key=value: must be ...`."""
     problems = []
     for key, f in schema_fields().items():
         if "range" not in f.metadata:
@@ -214,7 +207,7 @@ def range_problems(cfg: DictConfig) -> list[str]:
 
 
 def ignored_loss_scaling(cfg: DictConfig) -> list[str]:
-    """Warnings for loss-scaling keys changed from their defaults under a precision that has no loss scaling."""
+    """Warnings for loss-scaling keys changed from their defaults under a precision without loss scaling."""
     p = cfg.precision
     if p.name == Precision.fp16:
         return []
@@ -264,7 +257,6 @@ def _task_problems(task: DictConfig, m: DictConfig) -> list[str]:
                         "unique and not train/validation (files are named by their stem)")
     problems += family.check(task, files)
 
-    # Metrics: known, computed by this family, and the main one among their results.
     supported = supported_metrics()
     unknown = [x for x in task.metrics if x not in supported]
     if unknown:
