@@ -1,20 +1,15 @@
 """`make finetune` goes through here: one process runs the recipe directly, several go through
-`accelerate launch` with a config file from conf/accelerate/ and the Hydra overrides passed through (run by
-`python -m ampft.launch --accelerate`, which ends with the ranks' exit code where `accelerate launch` gives 1).
+`accelerate launch` (conf/accelerate/, via `python -m ampft.launch --accelerate`, which ends with the ranks'
+exit code where `accelerate launch` gives 1).
 
     python -m ampft.launch [--dry-run] [hydra overrides ...]
 
-The config is composed and validated here, once, so a mistake fails once, not in every rank, and handed to the
-recipe (or every rank) in the environment: `$AMPFT_LAUNCHED` holds the composed config, Hydra's part with it,
-and the recipe's arguments. The recipe started with exactly those arguments (`run_launched`) runs the handed
-config as Hydra would run a composed one (`hydra.core.utils.run_job`: the run dir, `.hydra/`, logging,
-callbacks) and does not compose or validate it again; started any other way (typed by hand, `-m`), it
-composes and validates itself. The run directory
-is decided here, once, and handed to every rank (`hydra.run.dir=...`): unless given, a new folder named
-by the start time and a random suffix, created atomically (`mkdir` that fails if it exists), so no two
-runs ever share one, also across machines on a shared filesystem. With several machines it must be on a
-shared filesystem and is taken from `hydra.run.dir=` or `$SLURM_JOB_ID`. `--dry-run` prints the exact
-command for every machine instead of running it.
+The config is composed and validated here, once (a mistake fails once, not in every rank), and handed on in
+`$AMPFT_LAUNCHED` with the recipe's arguments: a recipe started with exactly those runs it through Hydra's
+`run_job` (`run_launched`) without composing again; started any other way it composes itself. The run dir is
+decided here too and handed to every rank: unless given, a new folder created atomically (`mkdir` that fails
+if it exists), so no two runs share one; several machines need a shared one (`hydra.run.dir=` or
+`$SLURM_JOB_ID`). `--dry-run` prints every machine's command instead of running it.
 """
 
 from __future__ import annotations
@@ -40,9 +35,8 @@ HANDOFF = "AMPFT_LAUNCHED"  # the composed config, from the launcher to the reci
 
 
 def compose(overrides: list[str], with_hydra: bool = False) -> DictConfig:
-    """The recipe's config, as `recipes/finetune.py` composes it (`with_hydra`: with Hydra's own part, `hydra`,
-    as the recipe's job gets it); what Hydra cannot compose, or composes while nothing reads it, is a
-    ConfigError (as in the recipes: `ampft.errors.compose_errors`)."""
+    """The recipe's config as `recipes/finetune.py` composes it (`with_hydra`: with Hydra's part); what Hydra
+    cannot compose, or composes while nothing reads it, is a ConfigError."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
@@ -60,7 +54,7 @@ def compose(overrides: list[str], with_hydra: bool = False) -> DictConfig:
 
 def run_dir_base(cfg: DictConfig) -> str:
     """The folder new run dirs go into: conf/finetune.yaml's hydra.run.dir (the one place the pattern is
-    written) without its last part, the `${ampft_stamp:}`, resolved against this run's config."""
+    written) without its `${ampft_stamp:}`, resolved against this run's config."""
     pattern = OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "finetune.yaml"))["hydra"]["run"]["dir"]
     base, stamp = pattern.rsplit("/", 1)
     assert stamp == "${ampft_stamp:}", f"conf/finetune.yaml: hydra.run.dir={pattern} must end in /${{ampft_stamp:}}"
@@ -125,11 +119,10 @@ def commands(cfg: DictConfig, overrides: list[str], create: bool = True) -> tupl
 
 
 def accelerate_launch(argv: list[str]) -> None:
-    """`accelerate launch ARGV` in this process, ending with the code the ranks ended with. torch's launcher
-    reports failed ranks as a ChildFailedError, which `accelerate launch` turns into exit code 1 (after a
-    traceback); here the earliest rank that exited with one of ampft's codes (2, 3, 75) gives the code, one line
-    lists every rank's. A launcher stopped by a signal (SIGTERM, SIGUSR1 under SLURM) exits 75 when its ranks
-    checkpointed and wrote the run dir's PREEMPTED marker in the meantime, else as accelerate does (128 + it)."""
+    """`accelerate launch ARGV` in this process, ending with the ranks' code: `accelerate launch` turns failed
+    ranks into exit code 1; here the earliest rank with one of ampft's codes (2, 3, 75) gives it, one line lists
+    every rank's. A launcher stopped by a signal exits 75 when its ranks wrote the PREEMPTED marker meanwhile,
+    else as accelerate does (128 + it)."""
     from accelerate.commands.launch import launch_command, launch_command_parser
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
@@ -198,8 +191,8 @@ def without_hydra(composed: DictConfig) -> DictConfig:
 
 def handoff(composed: DictConfig, argv: list[str]) -> str:
     """`composed` (with its Hydra part) as the recipe run with `argv` would compose it, and `argv`, as YAML for
-    `$AMPFT_LAUNCHED`. The run dir is the one decided here (`argv`'s last argument), which the recipe's Hydra
-    would record as the last of its Hydra overrides."""
+    `$AMPFT_LAUNCHED`; the run dir (`argv`'s last argument) is recorded last of the Hydra overrides, as Hydra
+    would."""
     run_dir = argv[-1].removeprefix("hydra.run.dir=")
     composed = copy.deepcopy(composed)
     h = composed.hydra
@@ -210,10 +203,9 @@ def handoff(composed: DictConfig, argv: list[str]) -> str:
 
 
 def run_launched(task: Callable[[DictConfig], Any]) -> bool:
-    """In the recipe: run `task` on the config the launcher composed and validated (`$AMPFT_LAUNCHED`), when
-    this process was started with the arguments it was handed for; False (nothing run) otherwise. Hydra's
-    `run_job` runs it as Hydra's run mode runs a job it composed: the run dir, `.hydra/` (config, hydra,
-    overrides), the job's logging and callbacks; an exception of the job other than ampft's is raised here."""
+    """In the recipe: run `task` on the launcher's config (`$AMPFT_LAUNCHED`) when this process has the
+    arguments it was handed for, else return False. Hydra's `run_job` runs it as its run mode would (run dir,
+    `.hydra/`, logging, callbacks); an exception of the job other than ampft's is raised here."""
     text = os.environ.pop(HANDOFF, None)  # taken: the processes this one starts do not see it
     if text is None:
         return False
