@@ -1,13 +1,11 @@
 """The one place where the precision group becomes Accelerate / torch settings.
 
-fp32 and tf32 are both "no mixed precision" for Accelerate and differ only in the TF32 switches, which
-are set explicitly either way so that "fp32" means true fp32 in benchmarks. fp16 gets a dynamic
-GradScaler built from the precision group's keys; bf16 runs autocast with no scaler.
+fp32 and tf32 differ only in the TF32 switches, set explicitly either way so that "fp32" means true fp32.
+fp16 gets a dynamic GradScaler from the precision group's keys; bf16 runs autocast with no scaler.
 
-Accelerate on CPU silently runs fp32 when asked for fp16 (measured with accelerate 1.15). The run must
-be in the precision it asked for, so on CPU this module turns on real fp16 autocast and a real
-`torch.amp.GradScaler("cpu")` (slow, but numerically what fp16 does), and `check_effective` refuses to
-start a run whose precision is not the one requested.
+Accelerate on CPU silently runs fp32 when asked for fp16, so on CPU this module turns on real fp16 autocast
+and `torch.amp.GradScaler("cpu")` (slow, but numerically fp16), and `check_effective` refuses to start a run
+whose precision is not the one requested.
 """
 
 from __future__ import annotations
@@ -25,8 +23,6 @@ from ampft.config import Precision
 from ampft.devices import CPU_SPEED_DOC, cpu_flags, cpu_fp16_note, cpu_half_support, cpu_name  # noqa: F401 (finetune)
 
 log = logging.getLogger(__name__)
-
-
 
 
 def mixed_precision(name: Precision) -> str:
@@ -120,11 +116,9 @@ def effective(accelerator: Accelerator, p: DictConfig) -> str:
 
 
 def deepspeed_mode(p: DictConfig, mode: str = "auto") -> str | None:
-    """How a 16-bit precision runs under DeepSpeed (`distributed.deepspeed_precision`): "autocast" (fp32
-    weights and gradients, autocast forward: what precision=bf16 means on every other backend) or "half"
-    (DeepSpeed's fp16/bf16 sections: 16-bit weights, activations and gradients, fp32 master weights in the
-    optimizer). `auto`: autocast for bf16, half for fp16 (its loss scaler is the one that honours the
-    precision group's keys and reports skipped steps). None for fp32/tf32."""
+    """How a 16-bit precision runs under DeepSpeed: "autocast" (fp32 weights and gradients, as on every other
+    backend) or "half" (DeepSpeed's fp16/bf16 sections, fp32 master weights). `auto`: autocast for bf16, half
+    for fp16 (its loss scaler honours the precision keys and reports skipped steps). None for fp32/tf32."""
     if p.name not in (Precision.fp16, Precision.bf16):
         return None
     mode = getattr(mode, "value", mode)
@@ -181,9 +175,8 @@ def check_effective(accelerator: Accelerator, p: DictConfig) -> None:
 
 
 def launcher_precision_problem(name: Precision, env: dict[str, str] | None = None) -> str | None:
-    """Accelerate told a mixed precision other than the precision group's: `accelerate launch --mixed_precision`,
-    `mixed_precision` in its config file (both reach the ranks as ACCELERATE_MIXED_PRECISION) or that variable set
-    by hand. ampft passes its own to `Accelerator`, which would silently win; the run is refused instead.
+    """Accelerate told (ACCELERATE_MIXED_PRECISION, from the launcher's flag or config file) a mixed precision
+    other than the group's, which ampft's own `Accelerator` argument would silently win over: refused instead.
     `no` is what `accelerate launch` sets when told nothing, so it never conflicts."""
     told = (os.environ if env is None else env).get("ACCELERATE_MIXED_PRECISION", "no").strip().lower()
     want = mixed_precision(name)
@@ -207,9 +200,7 @@ def preflight(cfg: DictConfig) -> tuple[list[str], list[str]]:
     cuda = torch.cuda.is_available() and not cfg.trainer.cpu
     gpu = torch.cuda.get_device_name() if cuda else None
     if p.name == Precision.bf16 and cuda and not torch.cuda.is_bf16_supported():
-        errors.append(
-            f"precision=bf16 but {gpu} has no bf16 support: use precision=fp16 (dynamic loss scaling)"
-        )
+        errors.append(f"precision=bf16 but {gpu} has no bf16 support: use precision=fp16 (dynamic loss scaling)")
     if p.name == Precision.bf16 and not cuda and not cpu_half_support(cpu_flags())["bf16"]:
         warnings.append(
             "precision=bf16 on a CPU without AVX512-BF16 or AMX-BF16: its bf16 matrix products have no hardware "
@@ -217,8 +208,7 @@ def preflight(cfg: DictConfig) -> tuple[list[str], list[str]]:
             "CPU; bf16 pays on a CPU with those flags or on a GPU."
         )
     if p.name == Precision.tf32 and not (cuda and tf32_supported()):
-        where = gpu or "CPU"
-        warnings.append(f"precision=tf32: {where} has no TF32 tensor cores, so this runs as plain fp32")
+        warnings.append(f"precision=tf32: {gpu or 'CPU'} has no TF32 tensor cores, so this runs as plain fp32")
     if p.name == Precision.fp16:
         if not cuda:
             warnings.append(
@@ -228,10 +218,8 @@ def preflight(cfg: DictConfig) -> tuple[list[str], list[str]]:
                 "AVX512-BF16/AMX-BF16."
             )
         if p.hysteresis != 1:
-            warnings.append(
-                f"precision.hysteresis={p.hysteresis} is honoured by DeepSpeed only; torch's GradScaler "
-                "backs off on the first overflow"
-            )
+            warnings.append(f"precision.hysteresis={p.hysteresis} is honoured by DeepSpeed only; torch's GradScaler "
+                            "backs off on the first overflow")
         if p.init_scale <= 0 or not 0 < p.backoff_factor < 1 or p.growth_factor <= 1 or p.growth_interval < 1:
             errors.append(
                 "precision loss scaling needs init_scale > 0, 0 < backoff_factor < 1, growth_factor > 1, "
