@@ -13,12 +13,10 @@
 | `TrainingDiverged`     | non-finite or exploding losses, collapsed fp16 scale    | 3         |
 | `Preempted`            | SIGTERM/SIGUSR1: checkpointed, resume later             | 75        |
 
-Every recipe's main function is wrapped by `exit_on_error`, the one place an error becomes an exit code (in a
-multirun recorded by `ampft.sweep`, the sweep's: each job's error is recorded there and the sweep goes on); a
-recipe's `@hydra.main` entry by `compose_errors`, which does the same for the errors Hydra raises before the
-main function runs.
-Each class also keeps the builtin base it had (ValueError, RuntimeError, ImportError), so code that caught
-those still does. This module imports nothing from ampft: every other module may import it.
+Every recipe's main function is wrapped by `exit_on_error`, the one place an error becomes an exit code, and
+its `@hydra.main` entry by `compose_errors`, the same for Hydra's compose errors. Each class keeps a builtin
+base (ValueError, RuntimeError, ImportError) for code that catches those. This module imports nothing from
+ampft: every other module may import it.
 """
 
 from __future__ import annotations
@@ -52,7 +50,7 @@ class ConfigError(AmpftError, ValueError):
 
 
 class BenchmarkConfigError(ConfigError):
-    """Every problem found in a benchmark config (or the peer benchmark's), one per line, each naming the key."""
+    """The same for a benchmark config (or the peer benchmark's)."""
 
     what = "the benchmark config"
 
@@ -66,8 +64,8 @@ class ModelLoadError(AmpftError, RuntimeError):
 
 
 class CheckpointError(AmpftError, RuntimeError):
-    """A checkpoint that cannot be resumed from (missing, changed config, unsafe content), or a checkpoint or the
-    exported model that cannot be written (a full disk: the message says where the weights are kept)."""
+    """A checkpoint that cannot be resumed from, or a checkpoint or export that cannot be written (the message
+    says where the weights are kept)."""
 
 
 class EvaluationError(AmpftError, ValueError):
@@ -110,11 +108,10 @@ def _in_recorded_sweep() -> bool:
 
 
 def exit_on_error(main: Callable[..., Any]) -> Callable[..., Any]:
-    """Wrap a recipe's main function: an AmpftError is written to stderr as `<label>: <message>` and the
-    process exits with the error's code; any other exception keeps its traceback. In a job of a multirun that
-    records its jobs (ampft.sweep) the error is raised on after its line instead: the sweep records it and
-    goes on with the next job. Under `@hydra.main`, put it below the Hydra decorator (Hydra unwraps it to find
-    the recipe's file)."""
+    """Wrap a recipe's main function: an AmpftError is written to stderr as `<label>: <message>` and the process
+    exits with its code; other exceptions keep their traceback. In a multirun recorded by ampft.sweep the error
+    is raised on after its line (the sweep records it and goes on). Under `@hydra.main`, put it below the Hydra
+    decorator (Hydra unwraps it to find the recipe's file)."""
 
     @functools.wraps(main)
     def wrapped(*args: Any, **kwargs: Any) -> Any:
@@ -131,8 +128,7 @@ def exit_on_error(main: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _check_hydra_overrides(args: tuple[Any, ...]) -> None:
-    """Under `@hydra.main` (a composed config as the argument): the job's overrides, checked for keys and
-    options Hydra lets through although nothing reads them (`check_overrides`)."""
+    """Under `@hydra.main`: `check_overrides` on the job's config and overrides."""
     if "hydra" not in sys.modules or not args:
         return
     from hydra.core.hydra_config import HydraConfig
@@ -146,12 +142,10 @@ _OURS = "AMPFT_HYDRA_FULL_ERROR"  # marks a HYDRA_FULL_ERROR=1 that compose_erro
 
 
 def compose_errors(entry: Callable[[], Any]) -> Callable[[], Any]:
-    """Wrap a recipe's `@hydra.main` entry (put it above the Hydra decorator): a config Hydra cannot compose (a
-    misspelt key, an option not in conf/<group>/, a value of the wrong type, an override it cannot parse) ends
-    as a ConfigError does, one `error:` line naming the key and what would work, exit 2, in a multirun too.
-    Hydra itself prints such errors and exits 1; it hands them up only under HYDRA_FULL_ERROR=1, so that is set
-    here (an error of the recipe's own then shows its full traceback, exit 1, as without). A user's own
-    HYDRA_FULL_ERROR=1 keeps Hydra's full traceback for compose errors too."""
+    """Wrap a recipe's `@hydra.main` entry (above the Hydra decorator): a config Hydra cannot compose ends as a
+    ConfigError does (one `error:` line, exit 2), in a multirun too. Hydra hands such errors up only under
+    HYDRA_FULL_ERROR=1 (else it prints them and exits 1), so that is set here; a user's own
+    HYDRA_FULL_ERROR=1 keeps Hydra's full traceback."""
 
     @functools.wraps(entry)
     def wrapped() -> Any:
@@ -172,8 +166,7 @@ def compose_errors(entry: Callable[[], Any]) -> Callable[[], Any]:
 
 
 def _raised_in_job(exc: BaseException) -> bool:
-    """Whether the exception came from a job's own code (Hydra's `run_job` is on its traceback), not from
-    composing its config."""
+    """The exception came from a job's own code (Hydra's `run_job` is on its traceback), not from composing."""
     tb = exc.__traceback__
     while tb is not None:
         if tb.tb_frame.f_code.co_name == "run_job" and "hydra" in tb.tb_frame.f_code.co_filename:
@@ -207,11 +200,9 @@ def _no_such_key(key: str, parent: Any | None, given: str) -> str:
 
 
 def check_overrides(cfg: Any, overrides: list[str]) -> None:
-    """Refuse what Hydra composes without a word while the run ignores it: a key added with `+`/`++` that no
-    schema declares (`+trainer.max_step=3`, `+precison=bf16`), and an option of an optional group that does not
-    exist (`experiment=nope`, which Hydra skips). Keys inside a dict the schema leaves open
-    (`+model.arch.hidden_dropout_prob=0.0`), deletions and Hydra's own `hydra.*` are left to Hydra. Call it
-    inside Hydra's context (a recipe's task function, or `initialize_config_dir`), with the overrides given."""
+    """Refuse what Hydra composes silently while the run ignores it: a key added with `+`/`++` that no schema
+    declares (`+trainer.max_step=3`), and a missing option of an optional group (`experiment=nope`). Open dicts
+    (`+model.arch.x=...`), deletions and `hydra.*` are left to Hydra. Call it inside Hydra's context."""
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from omegaconf import DictConfig
@@ -250,8 +241,7 @@ def check_overrides(cfg: Any, overrides: list[str]) -> None:
 
 
 def compose_problem(exc: BaseException) -> str | None:
-    """A Hydra compose error as one problem line naming the key and what would work (the options in
-    conf/<group>/, an enum's values, the closest key names); None for any other exception."""
+    """A Hydra compose error as one problem line naming the key and what would work; None for any other."""
     from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
     from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
