@@ -241,7 +241,8 @@ def apply_changes(accelerator: Accelerator, optimizer, scheduler, cfg: DictConfi
     hyper-parameters, the schedule's base lr and the loss scaler's settings. Re-applied from the config: the
     optimizer settings (`fresh`: the param groups as built), `optim.lr` as the schedule's base (at its step, as
     configured now) and the scaler's settings, its scale reset when `changed` names init_scale/static_scale.
-    What cannot be applied is refused by `checkpointing.check_config`."""
+    What is read at every step (max_grad_norm, divergence limits) needs nothing here; what cannot be applied
+    is refused by `checkpointing.check_config`."""
     sched = getattr(scheduler, "scheduler", scheduler)  # Accelerate's wrapper, or the bare one (DeepSpeed)
     for group, built in zip(optimizer.param_groups, fresh, strict=True):
         group.update({k: v for k, v in built.items() if k not in ("lr", "initial_lr")})
@@ -363,8 +364,8 @@ def _read_lock(fd: int) -> dict | None:
 @contextlib.contextmanager
 def hold_run_dir(accelerator: Accelerator, run_dir: Path):
     """The main process locks <run dir>/run.lock and every rank learns the verdict before reading the folder: a
-    second run there is refused, naming the first. Released and removed at the end; a run killed with -9
-    leaves a file whose lock the kernel has already released."""
+    second run there (which would mix checkpoints and metrics) is refused, naming the first. Released and
+    removed at the end; a run killed with -9 leaves a file whose lock the kernel has already released."""
     path, fd, holder = Path(run_dir) / LOCK, None, None
     if accelerator.is_main_process:
         Path(run_dir).mkdir(parents=True, exist_ok=True)
