@@ -1,25 +1,18 @@
 """One training step of the composed recipe's real model, traced on fake tensors: what it keeps, what it computes.
 
-The model is built by `ampft.models.build_model` (the task family's head, the attention implementation) inside a
-`FakeTensorMode`: every tensor has its shape, dtype and device but no data, so BERT-large at 32 x 384 traces on
-a laptop CPU in seconds without allocating its gigabytes. The step is the engine's: forward under the precision's
-autocast (Accelerate wraps the model's forward, loss included), backward, gradient clipping, the optimizer built
-by `ampft.finetune.build_optimizer` (fused AdamW where the recipe uses it), zero_grad(set_to_none=True).
+The model (`ampft.models.build_model`) is built inside a `FakeTensorMode`: tensors have shape, dtype and device
+but no data, so BERT-large at 32 x 384 traces on a laptop CPU in seconds. The step is the engine's: forward under
+the precision's autocast, backward, gradient clipping, `ampft.finetune.build_optimizer`'s optimizer, zero_grad.
 
-Counted while it runs:
-- every storage created, alive from the op that made it until its last tensor dies (weakref finalizers), by
-  category, with the peak of their sum and what it was made of at that moment;
-- each storage saved for backward once (`saved_tensors_hooks`; views of one storage are one storage): the
-  activations, and the low-precision copies of weights that autocast casts and keeps for backward;
-- FLOPs of each matmul and attention op (`torch.utils.flop_counter`'s formulas, the ones `FlopCounterMode`
-  uses), and the bytes every op reads and writes, for the roofline in `ampft.estimate.time`.
+Counted while it runs: every storage, alive from the op that made it until its last tensor dies (weakref
+finalizers), by category, with the peak of their sum; each storage saved for backward once (activations, and the
+16-bit weight copies autocast keeps); FLOPs of each matmul and attention op (`torch.utils.flop_counter`'s
+formulas) and the bytes every op reads and writes, for the roofline in `ampft.estimate.time`.
 
-CPU and CUDA autocast cast different op lists. Matmuls (linear, bmm, baddbmm, addmm, SDPA) run in 16 bits under
-both; CUDA's autocast also runs a list of ops in fp32 that CPU autocast runs in the input dtype, LayerNorm and
-softmax among them, so on a GPU the LayerNorm outputs are fp32 and each following linear saves its own 16-bit
-cast. With `target="cuda"` the trace runs on CPU fake tensors with CPU autocast plus `CudaPolicy`, which
-casts the inputs of CUDA's fp32 list to fp32, so the dtypes saved are CUDA's. (A fake CUDA device does not trace
-on a CPU-only torch build, and a CPU trace is what a development machine can run.)
+CPU and CUDA autocast cast different op lists: CUDA's also runs LayerNorm, softmax and others in fp32, so on a GPU
+each linear after a LayerNorm saves its own 16-bit cast. With `target="cuda"` the trace runs on CPU fake tensors
+with CPU autocast plus `CudaPolicy`, which casts the inputs of CUDA's fp32 list to fp32, so the dtypes saved are
+CUDA's. (A fake CUDA device does not trace on a CPU-only torch build.)
 """
 
 from __future__ import annotations
@@ -45,7 +38,7 @@ HALF = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 # The CUDA autocast fp32 list (torch.amp docs, "CUDA Ops that can autocast to float32") as Python functions, for
 # the ops that CPU autocast does not also put in its fp32 list (the losses are in both).
-_CUDA_FP32 = [
+CUDA_FP32_FUNCS = frozenset([
     F.layer_norm, F.group_norm, F.softmax, F.log_softmax, F.softmin, F.softplus, F.normalize, F.cosine_similarity,
     torch.softmax, torch.log_softmax, torch.Tensor.softmax, torch.Tensor.log_softmax,
     torch.exp, torch.Tensor.exp, torch.expm1, torch.log, torch.Tensor.log, torch.log1p, torch.log2, torch.log10,
@@ -54,18 +47,14 @@ _CUDA_FP32 = [
     torch.cumprod, torch.prod, torch.Tensor.prod, torch.norm, torch.Tensor.norm, torch.erfinv, torch.acos,
     torch.asin, torch.cosh, torch.sinh, torch.tan, torch.dist, torch.cdist, torch.renorm,
     torch.Tensor.__rtruediv__,
-]
-CUDA_FP32_FUNCS = frozenset(_CUDA_FP32)
+])
 
 
 class CudaPolicy(TorchFunctionMode):
-    """What CUDA does differently from the CPU, on CPU fake tensors.
-
-    Autocast: CUDA's fp32-list ops run in fp32 (their 16-bit inputs cast up). Attention: in training (dropout > 0)
-    CPU SDPA falls back to the math path, which keeps the seq_len x seq_len probabilities and dropout mask for
-    backward; CUDA's memory-efficient and flash kernels apply dropout inside the kernel and keep only the output
-    and the log-sum-exp (plus an RNG seed). SDPA is traced without dropout here, which selects CPU's flash kernel:
-    the same saved tensors and FLOPs as CUDA's."""
+    """What CUDA does differently from the CPU, on CPU fake tensors: CUDA's fp32-list ops run in fp32. Attention:
+    with dropout, CPU SDPA falls back to the math path (keeping the seq x seq probabilities and mask), while
+    CUDA's kernels keep only the output and log-sum-exp; tracing SDPA without dropout selects CPU's flash
+    kernel, with the same saved tensors and FLOPs as CUDA's."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -80,14 +69,6 @@ class CudaPolicy(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-def _cpu_sdpa_flops(query, key, value, *args, out_shape=None, **kwargs) -> int:
-    return sdpa_flop_count(query, key, value)
-
-
-def _cpu_sdpa_backward_flops(grad_out, query, key, value, *args, out_shape=None, **kwargs) -> int:
-    return sdpa_backward_flop_count(grad_out, query, key, value)
-
-
 def _shapes(f):
     def wrapped(*args, out_val=None, **kwargs):
         args, kwargs = tree_map(lambda x: x.shape if isinstance(x, torch.Tensor) else x, (args, kwargs))
@@ -97,8 +78,9 @@ def _shapes(f):
 
 # CPU's fused attention kernels are absent from torch's formula table; they compute what the CUDA ones do.
 EXTRA_FLOPS = {
-    aten._scaled_dot_product_flash_attention_for_cpu: _shapes(_cpu_sdpa_flops),
-    aten._scaled_dot_product_flash_attention_for_cpu_backward: _shapes(_cpu_sdpa_backward_flops),
+    aten._scaled_dot_product_flash_attention_for_cpu: _shapes(lambda q, k, v, *a, **kw: sdpa_flop_count(q, k, v)),
+    aten._scaled_dot_product_flash_attention_for_cpu_backward:
+        _shapes(lambda g, q, k, v, *a, **kw: sdpa_backward_flop_count(g, q, k, v)),
 }
 
 
@@ -110,15 +92,15 @@ def op_flops(func, args, kwargs, out) -> int:
 
 @dataclass
 class Phase:
-    """What one part of the step did: peak of the storages it had alive (on top of those alive before it, which
-    the caller adds), their categories at that peak, FLOPs, and per-op (flops, bytes, dtype) for the roofline."""
+    """One part of the step: peak of the storages alive (on top of those alive before it, which the caller adds),
+    their categories at that peak, FLOPs, and per-op (flops, bytes, dtype) for the roofline."""
 
     peak: int = 0
     at_peak: dict[str, int] = field(default_factory=dict)
     flops: int = 0
     ops: list[tuple[int, int, str]] = field(default_factory=list)
-    # After each op: (bytes alive that do not grow with the batch, bytes that do: storages whose first dimension is
-    # the batch, or batch x sequence as linear layers make them). The peak at another batch size is the max over this timeline with the second part rescaled.
+    # After each op: (bytes alive that do not grow with the batch, bytes that do: first dimension B or B x L), so
+    # the peak at another batch size is the max over this timeline with the second part rescaled.
     timeline: list[tuple[int, int]] = field(default_factory=list)
 
     def peak_at(self, scale: float) -> float:
@@ -254,11 +236,10 @@ def largest_block(model: torch.nn.Module) -> int:
 
 
 def _checkpointed(model: torch.nn.Module, keep, target: str, calls: list) -> dict:
-    """model.gradient_checkpointing: each checkpointed layer keeps only its inputs for backward (`keep` counts them
-    as saved), and the backward pass recomputes its forward. torch's checkpoint replays autocast there but not the
-    forward's torch-function modes, so for a CUDA target `CudaPolicy` is handed to the recompute as its context
-    (checkpoint's `context_fn`): the recompute keeps CUDA's dtypes and kernels too. Returns each changed module's
-    own checkpoint function, to put back; `calls` gets one entry per checkpointed forward."""
+    """model.gradient_checkpointing: each checkpointed layer keeps only its inputs (`keep` counts them as saved)
+    and backward recomputes its forward. torch's checkpoint replays autocast but not torch-function modes, so for
+    a CUDA target `CudaPolicy` is its `context_fn`. Returns each changed module's own checkpoint function, to put
+    back; `calls` gets one entry per checkpointed forward."""
     changed = {}
     for mod in model.modules():
         func = getattr(mod, "_gradient_checkpointing_func", None)
@@ -282,10 +263,9 @@ def _checkpointed(model: torch.nn.Module, keep, target: str, calls: list) -> dic
 def trace_step(model: torch.nn.Module, batch: dict, precision: str, target: str = "cuda",
                make_optimizer=None, max_grad_norm: float = 1.0, mode=None, optimizer: bool = True,
                flop_counter: bool = False) -> StepTrace:
-    """Trace forward + backward (+ clipping and the optimizer step) of `model` on `batch`. Model and batch must
-    have been made inside `mode` (the FakeTensorMode), or be real tensors with mode=None (a real step, counted
-    the same way: how the tests check the counting against real memory). flop_counter: also run FlopCounterMode
-    (its total in `flop_counter_total`, a cross-check of the per-op count, at some extra trace time)."""
+    """Trace forward + backward (+ clipping and the optimizer step) of `model` on `batch`, both made inside `mode`
+    (the FakeTensorMode), or real with mode=None (how the tests check the counting against real memory).
+    flop_counter: also run FlopCounterMode, a cross-check in `flop_counter_total`."""
     started = time.perf_counter()
     params = list(model.parameters())
     for p in params:  # the step starts as the engine's do, after zero_grad(set_to_none=True)
