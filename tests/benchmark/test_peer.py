@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -79,7 +80,7 @@ def test_bad_peer_config_names_every_problem(tmp_path):
 
 
 def _run(arm: str, sps: float, metric: float, load: float = 0.0, precision: str = "fp32") -> dict:
-    return dict(arm=arm, samples_per_second=sps, tokens_per_second=sps * 10, train_seconds=100 / sps,
+    return dict(arm=arm, train_samples_per_second=sps, train_tokens_per_second=sps * 10, train_seconds=100 / sps,
                 wall_seconds=100 / sps + 5, setup_seconds=2.0, eval={"accuracy": metric}, steps=10, epochs=1.0,
                 peak_memory_bytes=2**30, peak_memory_kind="cpu_peak_rss", model_tflops=0.05, precision=precision,
                 attn_implementation="sdpa", train_examples=320, other_load=load)
@@ -303,14 +304,14 @@ def test_with_random_batches_and_no_dropout_ampft_trains_exactly_as_the_trainer(
     runs = {r["arm"]: r for r in json.loads((tmp_path / "results.json").read_text())["runs"]}
     for trainer, ampft in (("trainer", "ampft"), ("trainer-bf16", "ampft-bf16")):
         t, a = runs[trainer], runs[ampft]
-        assert [s for s, _, _ in a["train_log"]] == list(range(1, 11)) == [s for s, _, _ in t["train_log"]]
-        assert [x for _, x, _ in a["train_log"]] == pytest.approx([x for _, x, _ in t["train_log"]], rel=1e-6,
+        assert [s for s, _, _ in a["loss_curve"]] == list(range(1, 11)) == [s for s, _, _ in t["loss_curve"]]
+        assert [x for _, x, _ in a["loss_curve"]] == pytest.approx([x for _, x, _ in t["loss_curve"]], rel=1e-6,
                                                                   abs=1e-7), ampft
-        assert [lr for _, _, lr in a["train_log"]] == pytest.approx([lr for _, _, lr in t["train_log"]], rel=1e-9)
+        assert [lr for _, _, lr in a["loss_curve"]] == pytest.approx([lr for _, _, lr in t["loss_curve"]], rel=1e-9)
         assert a["eval"]["loss"] == pytest.approx(t["eval"]["loss"], rel=1e-5), ampft
         assert a["eval"]["accuracy"] == t["eval"]["accuracy"], ampft
-    assert runs["ampft-bf16"]["train_log"] != runs["ampft"]["train_log"]  # bf16 really ran
-    lrs = [lr for _, _, lr in runs["ampft"]["train_log"]]
+    assert runs["ampft-bf16"]["loss_curve"] != runs["ampft"]["loss_curve"]  # bf16 really ran
+    lrs = [lr for _, _, lr in runs["ampft"]["loss_curve"]]
     assert lrs[0] == 0.0 and max(lrs) == pytest.approx(1e-3) and lrs[-1] > 0  # warm-up from 0; the last step's lr
     md = path.read_text()
     assert "## Where a step's time goes (torch.profiler)" in md
@@ -438,3 +439,18 @@ def test_combine_refuses_runs_that_are_not_one_comparison_and_names_every_reason
     assert "nowhere: no readable results.json" in err
     with pytest.raises(BenchmarkConfigError, match=r"arm ampft-bf16 has no run for seed\(s\) \[3\]"):
         combine([tmp_path / "a", tmp_path / "d"], tmp_path / "out")
+
+
+def test_a_saved_comparison_from_before_the_shared_record_keys_still_rerenders(tmp_path):
+    """docs/benchmarks keeps comparisons whose runs say samples_per_second/tokens_per_second/train_log: rerender
+    reads them with today's keys (train_samples_per_second, ..., loss_curve) and gives the same numbers."""
+    saved = Path(__file__).resolve().parents[2] / "docs" / "benchmarks" / "peer-sst2-chunks" / "seeds" / "results.json"
+    old = json.loads(saved.read_text())
+    assert "samples_per_second" in old["runs"][0] and "train_log" in old["runs"][0]
+    (tmp_path / "results.json").write_text(saved.read_text())
+    md = rerender(tmp_path).read_text()
+    new = json.loads((tmp_path / "results.json").read_text())
+    for name, arm in old["arms"].items():
+        assert new["arms"][name]["samples_per_second"] == pytest.approx(arm["samples_per_second"]), name
+        assert f"| {name} | {arm['runner']} |" in md
+    assert "loss_curve" in new["runs"][0] and "train_log" not in new["runs"][0]

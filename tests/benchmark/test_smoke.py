@@ -111,7 +111,7 @@ def test_accuracy_runs_and_summary(smoke):
         assert x["precision"] == x["arm"] and not x["diverged"] and x["error"] is None
         assert 0.0 <= x["metric"] <= 1.0 and x["metric"] == x["eval"]["accuracy"] and "f1" in x["eval"]
         assert x["steps"] == 6 and x["skipped_steps"] == 0 and x["loss_scale_final"] is None
-        assert [s for s, _ in x["loss_curve"]] == [2, 4, 6] and all(0.3 < v < 1.2 for _, v in x["loss_curve"])
+        assert [s for s, _, _ in x["loss_curve"]] == [2, 4, 6] and all(0.3 < v < 1.2 for _, v, _ in x["loss_curve"])
         assert x["loss_scale_trace"] == []
         assert finite_positive(x["train_seconds"]) and finite_positive(x["train_samples_per_second"])
         assert x["eval_curve"][-1]["step"] == 6

@@ -1,5 +1,7 @@
-"""Accuracy mode: one full fine-tuning run (`ampft.finetune.run`) per arm and seed, read back from the
-run's summary.json and metrics.jsonl (loss curve; fp16: loss-scale trace and skipped steps)."""
+"""One full fine-tuning run (`ampft.finetune.run`) of an arm and seed, read back from the run's summary and
+metrics.jsonl (loss curve with the learning rate; fp16: loss-scale trace and skipped steps): accuracy mode's
+runs, and the ampft runner of a comparison with the Trainer (`trainer.main`). The Trainer runner returns the
+same keys (`trainer.run_trainer`)."""
 
 from __future__ import annotations
 
@@ -42,7 +44,7 @@ def run_seed(cfg: DictConfig, run_dir: Path, arm: str, seed: int) -> dict:
         main_metric=main,
         diverged=error is not None,
         error=error,
-        loss_curve=[[e["step"], e["loss"]] for e in train],
+        loss_curve=[[e["step"], e["loss"], e["lr"]] for e in train],
         loss_scale_trace=[[e["step"], e["loss_scale"]] for e in train if "loss_scale" in e],
         eval_curve=[{k: v for k, v in e.items() if k != "event"} for e in events if e["event"] == "eval"],
     )
@@ -60,6 +62,8 @@ def run_seed(cfg: DictConfig, run_dir: Path, arm: str, seed: int) -> dict:
             wall_seconds=summary["wall_seconds"],
             train_samples_per_second=summary["train_samples_per_second"],
             train_tokens_per_second=summary["train_tokens_per_second"],
+            **{k: summary[k] for k in ("setup_seconds", "epochs", "attn_implementation", "device",
+                                       "peak_memory_bytes", "peak_memory_kind")},
         )
     else:
         record.update(precision=cfg.precision.name.value, metric=None, eval={},

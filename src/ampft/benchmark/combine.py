@@ -25,7 +25,7 @@ from omegaconf import OmegaConf
 
 from ampft.benchmark.config import BenchmarkConfigError, PeerConfig, check_peer
 from ampft.benchmark.report import write_outputs
-from ampft.benchmark.results import summarize_peer
+from ampft.benchmark.results import summarize_peer, upgrade_runs
 from ampft.errors import exit_on_error
 
 # What makes two runs' timings comparable; the date, load and kernel release may differ.
@@ -70,7 +70,7 @@ def combine(run_dirs: list[str | Path], out_dir: str | Path, command: str | None
                                 f"{arm['runner']} {arm['overrides']} in {d}: rename one")
     runs: dict[tuple[str, int], dict] = {}
     for d, old in zip(dirs, olds, strict=True):
-        for r in old["runs"]:
+        for r in upgrade_runs(old["runs"]):
             key = (r["arm"], r["seed"])
             if key not in runs:
                 runs[key] = dict(r, source=str(d))

@@ -53,11 +53,11 @@ def run_peer(p: DictConfig, out_dir: str | Path, command: str | None = None) -> 
         for arm in p.arms:
             cfg = OmegaConf.merge(cfgs[arm.name], {"trainer": {"seed": seed}})
             log.info("arm %s (%s), seed %d", arm.name, Runner(arm.runner).value, seed)
-            runs.append(dict(arm=arm.name, runner=Runner(arm.runner).value, seed=seed,
-                             overrides=list(arm.overrides),
-                             **_run_arm(arm, cfg, out_dir / f"{arm.name}-seed{seed}", p.profile_steps)))
+            record = _run_arm(arm, cfg, out_dir / f"{arm.name}-seed{seed}", p.profile_steps)
+            runs.append(dict(record, arm=arm.name, runner=Runner(arm.runner).value, seed=seed,
+                             overrides=list(arm.overrides)))
             r = runs[-1]
-            log.info("  %.1f samples/s, %.1f s training, %.1f s wall, %s", r["samples_per_second"],
+            log.info("  %.1f samples/s, %.1f s training, %.1f s wall, %s", r["train_samples_per_second"],
                      r["train_seconds"], r["wall_seconds"], r["eval"])
         # A report after every seed: a benchmark stopped later (killed, out of time) keeps what it measured.
         path = _report(OmegaConf.merge(p, {"seeds": list(p.seeds)[:done]}), cfgs, runs, flops, env, command, out_dir,
@@ -103,7 +103,7 @@ def _run_arm(arm: DictConfig, cfg: DictConfig, arm_dir: Path, profile_steps: int
         plain = to_plain(cfg)
         plain["cache_dir"] = cache  # a cold tokenization cache: ampft pays for tokenizing, as the Trainer does
         spec = arm_dir / "spec.json"
-        spec.write_text(json.dumps(dict(runner=Runner(arm.runner).value, cfg=plain, out_dir=str(arm_dir),
+        spec.write_text(json.dumps(dict(runner=Runner(arm.runner).value, arm=arm.name, cfg=plain, out_dir=str(arm_dir),
                                         profile_steps=profile_steps)))
         out = arm_dir / "result.json"
         env = dict(os.environ, HF_DATASETS_CACHE=str(Path(cache) / "datasets"), TOKENIZERS_PARALLELISM="false")

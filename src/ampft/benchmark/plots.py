@@ -107,7 +107,7 @@ def loss_curves(results: dict, path: Path) -> None:
     for r in runs:
         if not r["loss_curve"]:
             continue
-        steps, losses = zip(*r["loss_curve"], strict=True)
+        steps, losses = zip(*(point[:2] for point in r["loss_curve"]), strict=True)  # [step, loss, lr]
         label = None if r["arm"] in seen else r["arm"]
         seen.add(r["arm"])
         ax.plot(steps, losses, color=_color(r["precision"]), alpha=0.7, linewidth=1.2, label=label)

@@ -80,7 +80,7 @@ def csv_rows(results: dict) -> list[dict]:
             if r.get(k) is not None:
                 add(*common, None, k, r[k])
         add(*common, None, "diverged", int(r["diverged"]))
-        for step, loss in r["loss_curve"]:
+        for step, loss, *_ in r["loss_curve"]:  # [step, loss, lr]
             add(*common, step, "train_loss_window", loss)
         for step, scale in r["loss_scale_trace"]:
             add(*common, step, "loss_scale", scale)

@@ -278,15 +278,15 @@ def summarize_peer(p: DictConfig, cfgs: dict[str, DictConfig], runs: list[dict],
         tflops = median(r["model_tflops"] for r in rs)
         arms[arm.name] = dict(
             runner=Runner(arm.runner).value, overrides=list(arm.overrides),
-            samples_per_second=median(r["samples_per_second"] for r in rs),
-            tokens_per_second=median(r["tokens_per_second"] for r in rs),
+            samples_per_second=median(r["train_samples_per_second"] for r in rs),
+            tokens_per_second=median(r["train_tokens_per_second"] for r in rs),
             train_seconds=median(r["train_seconds"] for r in rs),
             wall_seconds=median(r["wall_seconds"] for r in rs),
             setup_seconds=median(r["setup_seconds"] for r in rs),
             metric=mean(_points(r["eval"][metric]) for r in rs),
             metric_per_seed=[_points(r["eval"][metric]) for r in rs],
             metric_std=stdev(_points(r["eval"][metric]) for r in rs) if len(rs) > 1 else None,
-            samples_per_second_per_seed=[r["samples_per_second"] for r in rs],
+            samples_per_second_per_seed=[r["train_samples_per_second"] for r in rs],
             peak_memory_bytes=max(r["peak_memory_bytes"] for r in rs), peak_memory_kind=rs[0]["peak_memory_kind"],
             model_tflops=tflops, mfu=flops.mfu(tflops, peak), peak_tflops=peak,
             peak_tflops_source=peak_source.replace("benchmark.peak_tflops." + rs[0]["precision"], "peer.peak_tflops"),
@@ -321,11 +321,21 @@ def summarize_peer(p: DictConfig, cfgs: dict[str, DictConfig], runs: list[dict],
 def resummarize_peer(old: dict) -> dict:
     """A saved comparison's results.json summarized again from its config, environment and raw runs."""
     p = OmegaConf.merge(OmegaConf.structured(PeerConfig), old["config"])
-    res = summarize_peer(p, check_peer(p), old["runs"], old["environment"], old["command"])
+    res = summarize_peer(p, check_peer(p), upgrade_runs(old["runs"]), old["environment"], old["command"])
     res["seeds_requested"] = old.get("seeds_requested", list(p.seeds))
     if "sources" in old:  # `combine`d from several runs
         res["sources"] = old["sources"]
     return res
+
+
+OLD_NAMES = {"samples_per_second": "train_samples_per_second", "tokens_per_second": "train_tokens_per_second",
+             "train_log": "loss_curve"}
+
+
+def upgrade_runs(runs: list[dict]) -> list[dict]:
+    """A saved comparison's runs with the record keys of today (`accuracy.run_seed`'s): results.json files
+    written before the two runners shared them keep re-rendering and combining."""
+    return [{OLD_NAMES.get(k, k): v for k, v in r.items()} for r in runs]
 
 
 def paired_accuracy(arm: list[float], reference: list[float], tolerance: float) -> dict:

@@ -9,11 +9,12 @@ measurements as JSON to OUT.
   (max_length: run_glue's default `pad_to_max_length`; longest: `DataCollatorWithPadding`, rounded up to
   a multiple of 8 under fp16 only, as run_glue does), `trainer.group_by_length` and `trainer.compile`;
   everything else is the Trainer's default.
-- `run_ampft`: `ampft.finetune.run` with the arm's finetune config.
+- ampft: `accuracy.run_seed`, the run accuracy mode makes, with the arm's finetune config.
 
-Both return their training log (`train_log`: [optimizer step, mean loss since the last log, the step's
-learning rate], every `trainer.log_every` steps on both sides), and with `profile_steps` in the spec a torch.profiler window
-(`profile.StepProfiler`: profile.txt in the arm's directory, its summary under `profile`).
+Both return the same record keys, among them the training log (`loss_curve`: [optimizer step, mean loss since
+the last log, the step's learning rate], every `trainer.log_every` steps on both sides), and with
+`profile_steps` in the spec a torch.profiler window (`profile.StepProfiler`: profile.txt in the arm's
+directory, its summary under `profile`).
 """
 
 from __future__ import annotations
@@ -27,27 +28,14 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from ampft.benchmark.accuracy import read_events
+from ampft.benchmark.accuracy import run_seed
 from ampft.benchmark.config import Runner
 from ampft.benchmark.profile import StepProfiler
 from ampft.config import FinetuneConfig, Padding, Precision
-from ampft.finetune import run
 from ampft.models import build_model, load_tokenizer
 from ampft.tasks import family_for
 from ampft.tasks.classification import texts
 from ampft.tracking import peak_memory_bytes
-
-
-def run_ampft(cfg: DictConfig, out_dir: Path) -> dict:
-
-    s = run(cfg, out_dir / "run")
-    return dict(
-        samples_per_second=s["train_samples_per_second"], tokens_per_second=s["train_tokens_per_second"],
-        train_seconds=s["train_seconds"], setup_seconds=s["setup_seconds"], steps=s["steps"],
-        epochs=s["epochs"], eval=s["eval"], train_log=[[m["step"], m["loss"], m["lr"]] for m in read_events(out_dir / "run") if m["event"] == "train"],
-        attn_implementation=s["attn_implementation"], device=s["device"], precision=s["precision"],
-        peak_memory_bytes=s["peak_memory_bytes"], peak_memory_kind=s["peak_memory_kind"],
-    )
 
 
 def run_trainer(cfg: DictConfig, out_dir: Path) -> dict:
@@ -106,10 +94,11 @@ def run_trainer(cfg: DictConfig, out_dir: Path) -> dict:
     device = trainer.args.device
     peak, peak_kind = peak_memory_bytes(device)
     return dict(
-        samples_per_second=train["train_samples_per_second"], tokens_per_second=tokens / train["train_runtime"],
+        train_samples_per_second=train["train_samples_per_second"],
+        train_tokens_per_second=tokens / train["train_runtime"],
         train_seconds=train["train_runtime"], setup_seconds=setup_seconds, steps=trainer.state.global_step,
         epochs=epochs, eval={k.removeprefix("eval_"): v for k, v in ev.items() if k in ("eval_accuracy", "eval_loss")},
-        train_log=[[h["step"], h["loss"], h["learning_rate"]] for h in trainer.state.log_history if "loss" in h],
+        loss_curve=[[h["step"], h["loss"], h["learning_rate"]] for h in trainer.state.log_history if "loss" in h],
         attn_implementation=model.config._attn_implementation, device=str(device),
         precision=cfg.precision.name.value, peak_memory_bytes=peak, peak_memory_kind=peak_kind,
     )
@@ -121,7 +110,14 @@ def main(spec_path: str, out_path: str) -> None:
     spec = json.loads(Path(spec_path).read_text())
     cfg = OmegaConf.merge(OmegaConf.structured(FinetuneConfig), OmegaConf.create(spec["cfg"]))
     out_dir = Path(spec["out_dir"])
-    train = run_trainer if Runner(spec["runner"]) == Runner.trainer else run_ampft
+    def train(cfg: DictConfig, out_dir: Path) -> dict:
+        if Runner(spec["runner"]) == Runner.trainer:
+            return run_trainer(cfg, out_dir)
+        record = run_seed(cfg, out_dir / "run", spec["arm"], cfg.trainer.seed)
+        if record["diverged"]:  # a comparison needs every arm's metric: fail the arm, as the Trainer would
+            raise SystemExit(f"arm {spec['arm']} diverged: {record['error']}")
+        return record
+
     if spec.get("profile_steps"):
         with StepProfiler(spec["profile_steps"]) as prof:
             result = train(cfg, out_dir)
