@@ -74,7 +74,7 @@ benchmark:  ## precision A/B benchmark (default benchmark=cpu-smoke, minutes on 
 	$(PYTHON) recipes/benchmark.py $(OVERRIDES)
 
 benchmark-peer:  ## ampft vs the plain HF Trainer (run_glue-style) on SST-2, same model/data/hparams, fp32 and bf16; fast paths ablated
-	$(PYTHON) recipes/peer.py $(OVERRIDES)
+	$(PYTHON) recipes/benchmark.py benchmark=peer-sst2-minilm $(OVERRIDES)
 
 benchmark-gpu:  ## the GPU table: BERT-large seq 384 batch 32, fp32/tf32/fp16/bf16, eager vs SDPA (one GPU, < 8 min)
 	$(PYTHON) recipes/benchmark.py benchmark=bert-large-seq384 $(OVERRIDES)

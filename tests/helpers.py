@@ -4,6 +4,7 @@ from here (`from tests.helpers import ...`); tests/conftest.py holds only fixtur
 from __future__ import annotations
 
 import os
+import shlex
 from pathlib import Path
 
 import pytest
@@ -25,13 +26,12 @@ TINY = [
 
 
 def compose_config(config_name: str, overrides: list[str] | None = None, **kwargs):
-    """A primary config from conf/ (finetune, benchmark_recipe, peer_recipe) composed as its recipe composes
+    """A primary config from conf/ (finetune, benchmark_recipe) composed as its recipe composes
     it, without Hydra's runtime. The recipes' schemas are registered on import of their modules."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
     import ampft.benchmark.config  # noqa: F401  (registers benchmark_recipe)
-    import ampft.benchmark.peer  # noqa: F401  (registers peer_recipe)
     import ampft.config  # noqa: F401  (registers finetune_schema)
 
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
@@ -47,16 +47,25 @@ def shared(*parts: str) -> Path:
 
 
 def command_lines(lines: list[str]) -> list[str]:
-    """A page's lines as a shell reads them: a line ending in a backslash continues on the next one."""
+    """A page's lines as a shell reads them: a line ending in a backslash continues on the next one, and so
+    does a line inside an open quote."""
     out, i = [], 0
     while i < len(lines):
         text = lines[i].strip()
-        while text.endswith("\\"):
+        while i + 1 < len(lines) and (text.endswith("\\") or _open_quote(text)):
             i += 1
-            text = text[:-1] + " " + lines[i].strip()
+            text = (text[:-1] if text.endswith("\\") else text) + " " + lines[i].strip()
         i += 1
         out.append(text)
     return out
+
+
+def _open_quote(text: str) -> bool:
+    try:
+        shlex.split(text, comments=True)
+    except ValueError:  # "No closing quotation"
+        return True
+    return False
 
 
 def assert_export_reproduces(run_dir: Path) -> dict:

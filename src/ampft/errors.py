@@ -3,7 +3,7 @@
 | class                  | raised when                                             | exit code |
 |------------------------|---------------------------------------------------------|-----------|
 | `ConfigError`          | a config problem (every one found, each naming its key) | 2         |
-| `BenchmarkConfigError` | the same in a benchmark or peer-benchmark config        | 2         |
+| `BenchmarkConfigError` | the same in a benchmark config                          | 2         |
 | `DataError`            | a data file or dataset is missing or malformed          | 2         |
 | `ModelLoadError`       | a model or tokenizer cannot be loaded (offline Hub, ...) | 2         |
 | `CheckpointError`      | a checkpoint cannot be resumed, loaded or written; the  | 2         |
@@ -50,7 +50,7 @@ class ConfigError(AmpftError, ValueError):
 
 
 class BenchmarkConfigError(ConfigError):
-    """The same for a benchmark config (or the peer benchmark's)."""
+    """The same for a benchmark config."""
 
     what = "the benchmark config"
 

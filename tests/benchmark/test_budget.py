@@ -194,7 +194,7 @@ def test_report_of_an_arm_cut_entirely_and_a_budget_overrun():
     res["speed"]["raw"] = [x for x in res["speed"]["raw"] if x["arm"] != "fp16"]
     res["speed"]["arms"] = [x for x in res["speed"]["arms"] if x["arm"] != "fp16"]
     res["accuracy"]["runs"] = [x for x in res["accuracy"]["runs"] if x["arm"] != "fp16"]
-    res["accuracy"]["arms"] = results.summarize_accuracy(res["accuracy"]["runs"], ["fp32", "bf16"], "fp32")
+    res["accuracy"] = results.summarize_accuracy(res["benchmark"], res["accuracy"]["runs"], res["environment"])
     res["budget"] = dict(minutes=5, seconds_used=412.0, within=False, speed_share=budget.SPEED_SHARE,
                          pilot_step_seconds={"fp32": 0.1, "fp16": 2.1}, step_time_vs_baseline={"fp16": 21.0},
                          cuts=[dict(arm="fp16", mode="speed", action="skipped", detail="pilot steps at batch 4 "

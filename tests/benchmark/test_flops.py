@@ -42,7 +42,7 @@ def test_hand_count_of_tiny_bert(tiny_model):
 
 
 def test_training_flops_over_lengths_is_the_hand_count(tiny_model):
-    """The peer benchmark's useful work: each example at its own length, 6N·s + 12·L·h·s² (no padding)."""
+    """An accuracy run's useful work (model TFLOP/s): each example at its own length, 6N·s + 12·L·h·s² (no padding)."""
     n, lengths = hand_count_nonembedding(), [3, 5, 13]
     assert flops.training_flops(tiny_model, lengths) == sum(6 * n * s + 12 * L * H * s * s for s in lengths)
     # Examples that all have the same length cost what the per-token formula says for that length.

@@ -68,7 +68,7 @@ def build_results(device_type="cuda", device_name="NVIDIA A100-SXM4-80GB", fp16_
     runs += [_run("fp16", "fp16", s, m, skipped=3, scale=16384.0) for s, m in zip((1, 2, 3), fp16_acc, strict=True)]
     runs += [_run("bf16", "bf16", s, m) for s, m in zip((1, 2, 3), (0.91, 0.92, 0.90), strict=True)]
     res = dict(benchmark=b, environment=env, command="python recipes/benchmark.py", speed=dict(raw=raw, arms=arms),
-               accuracy=dict(runs=runs, arms=results.summarize_accuracy(runs, ["fp32", "fp16", "bf16"], "fp32")))
+               accuracy=results.summarize_accuracy(b, runs, env))
     res["claims"] = results.evaluate_claims(res)
     return res
 
@@ -223,6 +223,6 @@ def test_fp16_without_overflow_leaves_its_need_for_scaling_unchecked():
     res = build_results()
     for r in res["accuracy"]["runs"]:
         r["skipped_steps"] = 0
-    res["accuracy"]["arms"] = results.summarize_accuracy(res["accuracy"]["runs"], ["fp32", "fp16", "bf16"], "fp32")
+    res["accuracy"] = results.summarize_accuracy(res["benchmark"], res["accuracy"]["runs"], res["environment"])
     c = _claims(dict(res, claims=None) | {"claims": results.evaluate_claims(res)})
     assert c["fp16-scaling-fp16"]["verdict"] == "not checked" and "not exercised" in c["fp16-scaling-fp16"]["note"]

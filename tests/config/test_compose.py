@@ -10,9 +10,9 @@ from ampft.config import ConfigError
 from ampft.validation import validate
 from tests.helpers import CONF, compose_config
 
-# The finetune recipe's groups; conf/evaluate, conf/predict, conf/benchmark and conf/peer belong to the other
+# The finetune recipe's groups; conf/evaluate, conf/predict and conf/benchmark belong to the other
 # recipes, conf/accelerate to `accelerate launch`.
-OTHER_RECIPES = ("evaluate", "predict", "benchmark", "peer", "accelerate")  # accelerate: launcher files
+OTHER_RECIPES = ("evaluate", "predict", "benchmark", "accelerate")  # accelerate: launcher files
 GROUP_FILES = sorted(p for p in CONF.rglob("*.yaml")
                      if p.parent != CONF and p.relative_to(CONF).parts[0] not in OTHER_RECIPES)
 

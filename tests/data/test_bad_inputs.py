@@ -46,7 +46,7 @@ HOSTILE = [  # distinct keys: a key given twice on make's command line keeps its
     "task.dataset=`touch {x}3`",
     "task.subset=$(touch {x}4) a;b",
     'model.name="it\'s #1 \\"q\\" \\\\ $$HOME ${{HOME}}"',
-    'peer.extra=["a=b","c d"]',  # list values with quotes keep working
+    'benchmark.extra=["a=b","c d"]',  # list values with quotes keep working
     "benchmark.accuracy.overrides=[trainer.max_steps=5,'optim.lr=1e-4']",
     "task.text_fields=[a,b]",
 ]

@@ -142,7 +142,7 @@ def test_make_finetune_with_nothing_else_is_the_offline_default_as_shipped(tmp_p
 
 def test_help_lists_the_groups_the_recipe_can_use_and_each_option_composes():
     """`finetune --help` lists the recipe's own groups, not the other recipes' folders that share conf/ (evaluate,
-    predict, benchmark, peer) nor conf/accelerate (files for `accelerate launch`); every option listed composes."""
+    predict, benchmark) nor conf/accelerate (files for `accelerate launch`); every option listed composes."""
     from tests.helpers import compose_config
 
     proc = _run([sys.executable, "recipes/finetune.py", "--help"])
@@ -151,7 +151,7 @@ def test_help_lists_the_groups_the_recipe_can_use_and_each_option_composes():
     groups = dict(line.split(": ", 1) for line in listed.splitlines() if ": " in line)
     assert {"model", "task", "precision", "distributed", "optim", "scheduler", "trainer", "checkpoint",
             "logging", "experiment"} <= groups.keys()
-    assert not groups.keys() & {"evaluate", "predict", "benchmark", "peer", "accelerate"}
+    assert not groups.keys() & {"evaluate", "predict", "benchmark", "accelerate"}
     for group, options in groups.items():
         for option in options.split(", "):
             key = group.split("/")[0]
@@ -159,8 +159,8 @@ def test_help_lists_the_groups_the_recipe_can_use_and_each_option_composes():
             compose_config("finetune", [f"{key}={value}"])  # raises, naming the override, if it does not compose
 
 
-@pytest.mark.parametrize(("recipe", "group"), [("benchmark", "benchmark"), ("peer", "peer")])
-def test_the_benchmark_recipes_help_lists_their_own_group(recipe, group):
+def test_the_benchmark_recipes_help_lists_its_own_group():
+    recipe = group = "benchmark"
     proc = _run([sys.executable, f"recipes/{recipe}.py", "--help"])
     assert proc.returncode == 0, proc.stderr
     listed = proc.stdout.split("== Configuration groups ==")[1].split("== Config ==")[0]

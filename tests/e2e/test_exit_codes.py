@@ -107,10 +107,11 @@ def test_benchmark_config_error_exits_2(tmp_path):
     assert "benchmark.seq_len=4" in proc.stderr and "benchmark.batch_size=0" in proc.stderr
 
 
-def test_peer_config_error_exits_2(tmp_path):
-    proc = _run(["recipes/peer.py", "peer.seeds=[]", f"hydra.run.dir={tmp_path}"])
+def test_comparison_config_error_exits_2(tmp_path):
+    proc = _run(["recipes/benchmark.py", "benchmark=peer-sst2-minilm", "benchmark.accuracy.seeds=[]",
+                 f"hydra.run.dir={tmp_path}"])
     assert proc.returncode == 2, proc.stderr[-3000:]
-    assert "peer.seeds=[]: give one or more distinct seeds" in proc.stderr
+    assert "benchmark.accuracy.seeds is empty" in proc.stderr
 
 
 def test_launcher_config_error_exits_2(tmp_path):
@@ -135,7 +136,7 @@ COMPOSE_ERRORS = [
     (["recipes/estimate.py", "trainer.max_steps=abc"], "trainer.max_steps: Value 'abc' of type 'str' could not be "
                                                        "converted to Integer"),
     (["recipes/benchmark.py", "benchmark=nope"], "benchmark=nope: no such option in conf/benchmark/; choose one of"),
-    (["recipes/peer.py", "+peer.sedes=[1]"], "+peer.sedes=[1]: peer.sedes is no key of the config"),
+    (["recipes/benchmark.py", "+benchmark.sedes=[1]"], "+benchmark.sedes=[1]: benchmark.sedes is no key of the config"),
 ]
 
 
@@ -171,7 +172,7 @@ def test_make_exits_2_and_names_the_recipes_code_which_the_launcher_keeps(tmp_pa
 @pytest.mark.parametrize("target", ["finetune", "print-config", "estimate", "reproduce", "evaluate", "benchmark",
                                     "benchmark-peer"])
 def test_every_make_target_reports_a_compose_error_in_one_line(tmp_path, target):
-    key = {"evaluate": "fil", "benchmark": "benchmark.seq_le", "benchmark-peer": "peer.sedes"}.get(target, "trainer.max_step")
+    key = {"evaluate": "fil", "benchmark": "benchmark.seq_le", "benchmark-peer": "benchmark.accuracy.sedes"}.get(target, "trainer.max_step")
     extra = ["experiment=sst2-bert-base", "steps=2"] if target == "reproduce" else []
     made = _run_make([target, *extra, f"{key}=1", f"hydra.run.dir={tmp_path}"])
     assert made.returncode == 2, made.stderr[-3000:]

@@ -1,6 +1,7 @@
 """The user docs hold together: every relative link in README.md and docs/ points at a file (and heading) that
-exists, and every `make finetune` / `make print-config` line they show composes and validates, so no page
-shows a key, an option or a value the config does not accept."""
+exists, every `make finetune` / `make print-config` line they show composes and validates, and every `make
+benchmark*` line composes and passes the benchmark's check, so no page shows a key, an option or a value the
+config does not accept."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT, command_lines, compose_config
+from tests.helpers import ROOT, command_lines, compose_config, shared
 
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")),
          *sorted((ROOT / "docs" / "benchmarks").glob("*.md"))]
@@ -91,3 +92,28 @@ def test_documented_make_finetune_lines_compose_and_validate():
         cfg = compose_config("finetune", words)
         if not any(_names_a_path(w) for w in words):
             validate(cfg)
+
+
+BENCHMARK_TARGETS = {"benchmark": [], "benchmark-gpu": ["benchmark=bert-large-seq384"],
+                     "benchmark-peer": ["benchmark=peer-sst2-minilm"]}  # what the Makefile adds
+
+
+def test_documented_make_benchmark_lines_compose_and_check():
+    """Every arm of every documented benchmark command composes and validates (`benchmark.check`), with random
+    weights where a Hub model is not here (bert-large)."""
+    from ampft.benchmark import check
+
+    shared("sst2")  # the comparisons train on SST-2
+    lines = []
+    for page in PAGES:
+        for block in FENCE.findall(page.read_text()):
+            for text in command_lines(block.splitlines()[1:-1]):
+                if re.match(r"make benchmark", text) and (words := shlex.split(text, comments=True))[1] in \
+                        BENCHMARK_TARGETS:
+                    lines.append(words)
+    assert len(lines) >= 8
+    for words in lines:
+        b = compose_config("benchmark_recipe", [*BENCHMARK_TARGETS[words[1]], *words[2:]]).benchmark
+        if "bert-large" in [b.model, *(o.split("=")[-1] for a in b.arms for o in a.overrides)]:
+            b.extra = [*b.extra, "model.pretrained=false"]
+        check(b)

@@ -1,18 +1,17 @@
-"""The benchmarks: the precision A/B benchmark (`make benchmark`) and the comparison with the Hugging Face Trainer
-(`make benchmark-peer`), one schema module, one results module, one report writer.
+"""The benchmark (`make benchmark`, `make benchmark-gpu`, `make benchmark-peer`): arms × modes, one schema, one
+results module, one report writer.
 
 - speed/memory mode (`speed`): timed optimizer steps on synthetic batches → step time, samples/s, tokens/s,
   TFLOP/s, MFU (`flops`), peak memory, and peak memory versus batch size;
-- accuracy mode (`accuracy`): full fine-tuning runs per arm and seed → metric mean/std and the difference
-  to the baseline with a confidence interval (`stats`), loss curves, fp16 loss-scale traces;
-- the comparison (`peer`): each arm (a `Runner`, ampft or a run_glue-style Trainer script in `trainer`, plus
-  finetune overrides) × seed in its own process; `combine` merges seeds measured in separate runs, `profile`
-  (`peer.profile_steps`) says where a step's time goes;
-- `results` turns measurements into statistics and verdicts, `report` and `plots` write them
-  (`write_outputs`; `rerender` from a saved results.json).
+- accuracy mode (`accuracy`): full fine-tuning runs per arm and seed → metric mean/std and the difference to
+  the baseline with a confidence interval (`stats`), loss curves, fp16 loss-scale traces, speeds over seeds.
+  An arm's runner is ampft or a run_glue-style Trainer script (`trainer`), so a comparison with the Trainer
+  is a benchmark too: its targets, accuracy checks and each side's gain from a precision are in the report;
+  `combine` merges seeds measured in separate runs, `profile` says where a step's time goes;
+- `budget` keeps a run within `benchmark.budget_minutes`; `results` turns measurements into statistics and
+  verdicts, `report` and `plots` write them (`write_outputs`; `rerender` from a saved results.json).
 
-Entry points: `run_benchmark(cfg.benchmark, out_dir)` (recipes/benchmark.py) and `peer.run_peer(cfg.peer,
-out_dir)` (recipes/peer.py), each called under Hydra.
+Entry point: `run_benchmark(cfg.benchmark, out_dir)` (recipes/benchmark.py, under Hydra).
 """
 
 from ampft.benchmark.config import BenchmarkConfigError, check

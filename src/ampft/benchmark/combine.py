@@ -1,15 +1,15 @@
 """Seeds measured in separate runs → one report: `python -m ampft.benchmark.combine OUT RUN_DIR...`.
 
-A multi-seed comparison often runs in pieces (seed 1 today, seeds 2-3 tonight, a stopped run finished by
-another). `combine` reads each run's results.json and writes OUT/results.json and OUT/report.md over all
-their seeds, summarized exactly as if they had run together (`results.summarize`: medians for speed, means and
-paired-by-seed differences for the metric). It refuses what would not be one comparison:
+A multi-seed benchmark often runs in pieces (seed 1 today, seeds 2-3 tonight, a stopped run finished by
+another). `combine` reads each run's results.json (accuracy mode; a former comparison's through
+`results.from_comparison`) and writes OUT's results.json, report.md and plots over all their seeds, summarized
+exactly as if they had run together (`results.resummarize`). It refuses what would not be one benchmark:
 
-- another setup (the shared `overrides` and `extra`), or an arm of the same name with another runner or
-  overrides;
+- another setup (model, task, length, batch, shared and accuracy overrides, isolation), or an arm of the same
+  name with another runner or overrides;
 - another machine or software (device, CPU model and flags, threads, torch/transformers/accelerate/Python):
   a median of samples/s over two machines means nothing;
-- an arm missing a seed another arm has (the comparison is paired by seed);
+- an arm missing a seed another arm has (the differences are paired by seed);
 - an (arm, seed) measured twice with different metrics (the runs are deterministic: another result means
   other code or data). Measured twice with the same metric, the first directory's run is kept.
 """
@@ -21,40 +21,48 @@ import json
 import sys
 from pathlib import Path
 
-from omegaconf import OmegaConf
-
-from ampft.benchmark.config import BenchmarkConfigError, PeerConfig, check_peer
+from ampft.benchmark.config import BenchmarkConfigError
 from ampft.benchmark.report import write_outputs
-from ampft.benchmark.results import summarize_peer, upgrade_runs
+from ampft.benchmark.results import from_comparison, resummarize
 from ampft.errors import exit_on_error
 
 # What makes two runs' timings comparable; the date, load and kernel release may differ.
 MACHINE = ("device_type", "device_name", "device_memory_bytes", "compute_capability", "driver", "cuda", "cudnn", "cpu",
            "cpu_count", "cpu_features", "torch_threads", "python", "torch", "transformers", "accelerate")
-SETUP = ("overrides", "extra")
+
+
+def _setup(b: dict) -> dict:
+    a = b["accuracy"]
+    return dict(model=b["model"], task=b["task"], seq_len=b["seq_len"], batch_size=b["batch_size"],
+                overrides=b["overrides"], extra=b.get("extra", []), accuracy_overrides=a["overrides"],
+                isolate=a.get("isolate", False))
 
 
 def combine(run_dirs: list[str | Path], out_dir: str | Path, command: str | None = None) -> Path:
-    """Merge the peer runs saved in run_dirs (each with a results.json) into out_dir/results.json and
-    out_dir/report.md; return report.md. Raises BenchmarkConfigError naming every reason they cannot be one
-    comparison."""
+    """Merge the accuracy runs saved in run_dirs (each with a results.json) into out_dir; return report.md.
+    Raises BenchmarkConfigError naming every reason they cannot be one benchmark."""
     dirs = [Path(d) for d in run_dirs]
     if len(dirs) < 2:
         raise BenchmarkConfigError([f"combine needs two or more run directories, got {len(dirs)}"])
-    olds, unreadable = [], []
+    olds, problems = [], []
     for d in dirs:
         try:
-            olds.append(json.loads((d / "results.json").read_text()))
+            old = json.loads((d / "results.json").read_text())
         except (OSError, ValueError) as exc:
-            unreadable.append(f"{d}: no readable results.json ({exc}); give directories written by recipes/peer.py")
-    if unreadable:
-        raise BenchmarkConfigError(unreadable)
-    first, problems = olds[0], []
+            problems.append(f"{d}: no readable results.json ({exc}); give directories written by recipes/benchmark.py")
+            continue
+        old = old if "benchmark" in old else from_comparison(old)
+        if not (old.get("accuracy") or {}).get("runs"):
+            problems.append(f"{d}: no accuracy runs; combine merges accuracy mode's seeds")
+        olds.append(old)
+    if problems:
+        raise BenchmarkConfigError(problems)
+    first = olds[0]
     for d, old in zip(dirs[1:], olds[1:], strict=True):
-        for key in SETUP:
-            if old["config"][key] != first["config"][key]:
-                problems.append(f"{d}: peer.{key}={old['config'][key]}, {dirs[0]} has {first['config'][key]}: "
-                                "another setup")
+        this, that = _setup(old["benchmark"]), _setup(first["benchmark"])
+        if diff := [k for k in this if this[k] != that[k]]:
+            problems.append(f"{d}: " + ", ".join(f"{k}={this[k]}" for k in diff) + f", {dirs[0]} has "
+                            + ", ".join(f"{k}={that[k]}" for k in diff) + ": another setup")
         if diff := [k for k in MACHINE if old["environment"].get(k) != first["environment"].get(k)]:
             problems.append(f"{d}: measured on another machine or software than {dirs[0]} ("
                             + ", ".join(f"{k} {old['environment'].get(k)} vs {first['environment'].get(k)}"
@@ -62,15 +70,15 @@ def combine(run_dirs: list[str | Path], out_dir: str | Path, command: str | None
     arms: dict[str, dict] = {}  # name -> the arm, as the first directory that has it defines it
     defined_in: dict[str, Path] = {}
     for d, old in zip(dirs, olds, strict=True):
-        for arm in old["config"]["arms"]:
+        for arm in old["benchmark"]["arms"]:
             known = arms.setdefault(arm["name"], arm)
             where = defined_in.setdefault(arm["name"], d)
-            if (known["runner"], known["overrides"]) != (arm["runner"], arm["overrides"]):
-                problems.append(f"arm {arm['name']}: {known['runner']} {known['overrides']} in {where}, "
-                                f"{arm['runner']} {arm['overrides']} in {d}: rename one")
+            if (known.get("runner"), known["overrides"]) != (arm.get("runner"), arm["overrides"]):
+                problems.append(f"arm {arm['name']}: {known.get('runner')} {known['overrides']} in {where}, "
+                                f"{arm.get('runner')} {arm['overrides']} in {d}: rename one")
     runs: dict[tuple[str, int], dict] = {}
     for d, old in zip(dirs, olds, strict=True):
-        for r in upgrade_runs(old["runs"]):
+        for r in old["accuracy"]["runs"]:
             key = (r["arm"], r["seed"])
             if key not in runs:
                 runs[key] = dict(r, source=str(d))
@@ -81,32 +89,36 @@ def combine(run_dirs: list[str | Path], out_dir: str | Path, command: str | None
     for name in arms:
         if missing := [s for s in seeds if (name, s) not in runs]:
             problems.append(f"arm {name} has no run for seed(s) {missing}: every arm needs every seed (the "
-                            "comparison is paired by seed); run them, or leave out the directories that add them")
+                            "differences are paired by seed); run them, or leave out the directories that add them")
     if problems:
         raise BenchmarkConfigError(problems)
 
-    def union(key: str) -> list:
-        return list({json.dumps(x, sort_keys=True): x for old in olds for x in old["config"][key]}.values())
+    def union(*keys: str) -> list:
+        items = []
+        for old in olds:
+            node = old["benchmark"]
+            for k in keys:
+                node = node[k]
+            items += node
+        return list({json.dumps(x, sort_keys=True): x for x in items}.values())
 
-    p = OmegaConf.merge(OmegaConf.structured(PeerConfig), first["config"], {
-        "seeds": seeds, "targets": union("targets"), "accuracy_reference": union("accuracy_reference"),
-        "arms": list(arms.values())})
-    ordered = [runs[(a, s)] for s in seeds for a in arms]
+    b = dict(first["benchmark"], modes=["accuracy"], arms=list(arms.values()), targets=union("targets"))
+    b["accuracy"] = dict(b["accuracy"], seeds=seeds, reference=union("accuracy", "reference"))
     env = dict(first["environment"],
                date=", ".join(dict.fromkeys(old["environment"]["date"] for old in olds)),
                load_average=max((old["environment"].get("load_average") or 0.0) for old in olds))
-    results = summarize_peer(p, check_peer(p), ordered, env, command)
-    results["seeds_requested"] = seeds
-    results["sources"] = [dict(dir=str(d), command=old["command"], seeds=old["setup"]["seeds"],
-                               arms=[a["name"] for a in old["config"]["arms"]]) for d, old in zip(dirs, olds, strict=True)]
-    return write_outputs(results, out_dir)
+    res = resummarize(dict(benchmark=b, environment=env, command=command, speed=None,
+                           accuracy=dict(runs=[runs[(a, s)] for a in arms for s in seeds])))
+    res["sources"] = [dict(dir=str(d), command=old["command"], arms=[a["name"] for a in old["benchmark"]["arms"]],
+                           seeds=sorted({r["seed"] for r in old["accuracy"]["runs"]})) for d, old in zip(dirs, olds, strict=True)]
+    return write_outputs(res, out_dir)
 
 
 @exit_on_error
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m ampft.benchmark.combine", description=__doc__.split("\n")[0])
     parser.add_argument("out_dir", help="where results.json and report.md over all the seeds go")
-    parser.add_argument("run_dirs", nargs="+", help="directories of recipes/peer.py runs (their results.json)")
+    parser.add_argument("run_dirs", nargs="+", help="directories of recipes/benchmark.py runs (their results.json)")
     args = parser.parse_args(argv)
     command = " ".join(["python -m ampft.benchmark.combine", args.out_dir, *args.run_dirs])
     path = combine(args.run_dirs, args.out_dir, command)

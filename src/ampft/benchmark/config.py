@@ -1,14 +1,10 @@
-"""The benchmarks' schemas, and the finetune config of each arm composed from them.
+"""The benchmark's schema (`BenchmarkConfig`, conf/benchmark, the primary config `benchmark_recipe`) and the
+finetune config of each arm composed from it.
 
-Two recipes share them: the precision benchmark (`BenchmarkConfig`, `benchmark_recipe`, conf/benchmark) and the
-comparison with the Hugging Face Trainer (`PeerConfig`, `peer_recipe`, conf/peer), whose arms also name a
-`Runner`. Both compose an arm the same way (`compose_arm`, `validation_problems`, `loadability_problems`).
-
-`conf/benchmark/<name>.yaml` files are merged into `BenchmarkConfig` (registered in Hydra's ConfigStore
-inside the primary config `benchmark_recipe`), so an unknown key or a bad mode fails at compose time.
-Each arm is an ordinary finetune config: `conf/finetune.yaml` composed with the benchmark's shared
-overrides, the mode's overrides and the arm's own, in that order (later wins); `check` composes and
-validates every arm of every mode before anything is measured, and reports all problems at once.
+An arm is a runner (ampft, or a run_glue-style transformers.Trainer for a comparison) plus finetune overrides.
+Each arm's config is `conf/finetune.yaml` with the benchmark's shared overrides, the mode's and the arm's own, in
+that order (later wins); `check` composes and validates every arm of every mode before anything is measured,
+and reports all problems at once. Unknown keys and bad modes fail at compose time (the structured schema).
 """
 
 from __future__ import annotations
@@ -27,7 +23,7 @@ from ampft.validation import validate
 
 
 class Runner(str, Enum):
-    """Who trains a comparison arm (`make benchmark-peer`): ampft, or a run_glue-style transformers.Trainer."""
+    """Who trains an arm: ampft, or a run_glue-style transformers.Trainer (accuracy mode only)."""
 
     trainer = "trainer"
     ampft = "ampft"
@@ -40,14 +36,14 @@ class Mode(str, Enum):
 
 @dataclass
 class ArmConfig:
-    """An arm of either benchmark: who trains it and the finetune overrides that make it."""
+    """An arm: who trains it and the finetune overrides that make it."""
 
     name: str = MISSING
     # finetune overrides that make this arm, e.g. [precision=bf16, model.attn_implementation=eager]
     overrides: list[str] = field(default_factory=list)
-    # trainer: a run_glue-style transformers.Trainer script, in the comparison (conf/peer) only
+    # trainer: a run_glue-style transformers.Trainer script (`trainer.run_trainer`), accuracy mode only
     runner: Runner = Runner.ampft
-    # the precision benchmark's modes this arm takes part in; null: every mode of the benchmark
+    # the modes this arm takes part in; null: every mode of the benchmark
     modes: list[Mode] | None = None
 
 
@@ -73,6 +69,21 @@ class SweepConfig:
 class AccuracyConfig:
     seeds: list[int] = field(default_factory=lambda: [1, 2, 3])
     overrides: list[str] = field(default_factory=lambda: ["checkpoint.export=false"])
+    # each run in its own process with a cold tokenization cache, timed from outside (wall seconds): what a
+    # comparison with the Trainer needs (its arms always run so); false: ampft arms train in this process
+    isolate: bool = False
+    tolerance: float = 1.0  # points of task.main_metric (fractions x 100) an arm may differ from a reference by
+    reference: list[str] = field(default_factory=list)  # arms the others' metric is judged against; []: Trainer arms
+    # > 0: torch.profiler over this many training steps of every isolated run (after 7 unrecorded ones), the
+    # same hook for both runners; the report says where a step's time goes. 0: no profiling (it slows a run).
+    profile_steps: int = 0
+
+
+@dataclass
+class Target:
+    arm: str = MISSING
+    over: str = MISSING
+    min_ratio: float = MISSING  # training samples/s of `arm` / samples/s of `over` (accuracy runs, medians)
 
 
 @dataclass
@@ -99,90 +110,27 @@ class BenchmarkConfig:
     # (the policy: ampft.benchmark.budget, docs/benchmarks/README.md#the-time-budget); null: no budget
     budget_minutes: float | None = None
     overrides: list[str] = field(default_factory=lambda: ["logging=none", "trainer.progress_bar=false"])
+    extra: list[str] = field(default_factory=list)  # more shared overrides, for the command line (after those)
     speed: SpeedConfig = field(default_factory=SpeedConfig)
     sweep: SweepConfig = field(default_factory=SweepConfig)
     accuracy: AccuracyConfig = field(default_factory=AccuracyConfig)
     peak_tflops: PeakTflops = field(default_factory=PeakTflops)
     arms: list[ArmConfig] = field(default_factory=list)
-
-
-
-
-@dataclass
-class Target:
-    arm: str = MISSING
-    over: str = MISSING
-    min_ratio: float = MISSING  # training samples/s of `arm` / samples/s of `over`
-
-
-@dataclass
-class PeerConfig:
-    name: str = MISSING
-    overrides: list[str] = field(default_factory=list)  # shared finetune overrides: model, task, batch, lr, ...
-    extra: list[str] = field(default_factory=list)  # more shared overrides, from the command line (after those)
-    seeds: list[int] = field(default_factory=lambda: [42])  # each arm runs once per seed
-    arms: list[ArmConfig] = field(default_factory=list)  # arms[].runner: trainer | ampft; no modes
     targets: list[Target] = field(default_factory=list)
-    accuracy_tolerance: float = 1.0  # points of task.main_metric (fractions x 100) every arm may differ by
-    accuracy_reference: list[str] = field(default_factory=list)  # arms the others' metric is compared with
-    peak_tflops: float | None = None  # the device's dense peak for the precision run; null: known GPUs only
-    # > 0: torch.profiler over this many training steps of every arm (after 7 unrecorded ones), the same
-    # hook for both runners; the report compares where a step's time goes. 0: no profiling (it slows a run).
-    profile_steps: int = 0
 
 
 def register_configs() -> None:
-    store = ConfigStore.instance()
-    # --help lists the recipe's own group (benchmark or peer), as finetune's does, not every folder of conf/.
+    # --help lists the recipe's own group, as finetune's does, not every folder of conf/.
     finetune = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "finetune.yaml"))
-    help_ = {"template": finetune["hydra"]["help"]["template"]}
-    store.store(name="benchmark_recipe", node={
+    ConfigStore.instance().store(name="benchmark_recipe", node={
         "defaults": ["_self_", {"benchmark": "cpu-smoke"}],
         "benchmark": BenchmarkConfig,
         "hydra": {"run": {"dir": "runs/benchmark/${benchmark.name}/${now:%Y-%m-%d_%H-%M-%S}"},
-                  "job": {"name": "benchmark"}, "help": help_},
-    })
-    store.store(name="peer_recipe", node={
-        "defaults": ["_self_", {"peer": "sst2-minilm"}],
-        "peer": PeerConfig,
-        "hydra": {"run": {"dir": "runs/benchmark-peer/${peer.name}/${now:%Y-%m-%d_%H-%M-%S}"},
-                  "job": {"name": "benchmark-peer"}, "help": help_},
+                  "job": {"name": "benchmark"}, "help": {"template": finetune["hydra"]["help"]["template"]}},
     })
 
 
 register_configs()
-
-
-def compose_arm(overrides: list[str], where: str, problems: list[str], conf_dir: Path = CONF_DIR) -> DictConfig | None:
-    """An arm's finetune config; None, with the reason appended to `problems` (prefixed by `where`), when the
-    overrides do not compose (unknown key, bad option, bad value)."""
-    try:
-        cfg = compose_finetune(overrides, conf_dir)
-    except Exception as exc:  # Hydra's composition errors
-        cause = str(exc.__cause__ or exc).split("Config search path")[0]
-        problems.append(f"{where}: the finetune overrides do not compose: " + " ".join(cause.split()))
-        return None
-    return cfg
-
-
-def validation_problems(cfg: DictConfig, where: str) -> list[str]:
-    """`ampft.validation.validate`'s problems with the config, each prefixed by `where`."""
-    try:
-        validate(cfg)
-    except ConfigError as exc:
-        return [f"{where}: {p}" for p in exc.problems]
-    return []
-
-
-def loadability_problems(cfg: DictConfig, where: str) -> list[str]:
-    """A pretrained model that cannot be loaded here (a Hub name offline), found before anything runs."""
-    if not cfg.model.pretrained:
-        return []
-    try:
-        check_loadable(cfg.model.name_or_path, f"model {cfg.model.name}", "model.name_or_path")
-    except ModelLoadError as exc:
-        return [f"{where}: {exc}".replace("\n", " ")]
-    return []
 
 
 def arms_for(b: DictConfig, mode: Mode) -> list[DictConfig]:
@@ -197,7 +145,7 @@ def arm_overrides(b: DictConfig, arm: DictConfig, mode: Mode, seed: int | None =
     mode = Mode(mode)
     common = [f"model={b.model}", f"task={b.task}", f"task.max_length={b.seq_len}",
               f"trainer.batch_size={b.batch_size}", f"trainer.seed={b.seed if seed is None else seed}",
-              *b.overrides]
+              *b.overrides, *b.extra]
     per_mode = b.speed.overrides if mode == Mode.speed else b.accuracy.overrides
     return [*common, *per_mode, *arm.overrides]
 
@@ -232,10 +180,20 @@ def check(b: DictConfig, conf_dir: Path = CONF_DIR) -> dict[tuple[str, str, int 
     if dupes:
         problems.append(f"benchmark.arms has duplicate names {dupes}: each arm needs its own name")
     for i, arm in enumerate(b.arms):
-        if Runner(arm.runner) != Runner.ampft:
-            problems.append(f"benchmark.arms[{i}] ({arm.name}): runner={Runner(arm.runner).value}; the precision "
-                            "benchmark times ampft's own step: compare with the Trainer in `make benchmark-peer` "
-                            "(conf/peer)")
+        in_speed = Mode.speed in modes and (arm.modes is None or Mode.speed in [Mode(m) for m in arm.modes])
+        if Runner(arm.runner) == Runner.trainer and in_speed:
+            problems.append(f"benchmark.arms[{i}] ({arm.name}): runner=trainer in speed mode, which times ampft's "
+                            "own step: give the arm modes: [accuracy]")
+    for i, t in enumerate(b.targets):
+        if t.arm not in names or t.over not in names:
+            problems.append(f"benchmark.targets[{i}]: {t.arm} over {t.over}: both must be arms ({names})")
+        if t.min_ratio <= 0:
+            problems.append(f"benchmark.targets[{i}].min_ratio={t.min_ratio}: must be > 0")
+    if unknown := [a for a in b.accuracy.reference if a not in names]:
+        problems.append(f"benchmark.accuracy.reference has {unknown}: not arms ({names})")
+    if b.accuracy.profile_steps < 0:
+        problems.append(f"benchmark.accuracy.profile_steps={b.accuracy.profile_steps}: give 0 (no profiling) or "
+                        "a number of steps, e.g. 20")
     if names and b.baseline not in names:
         problems.append(f"benchmark.baseline={b.baseline} is not an arm: choose one of {names}")
     if b.seq_len < 8:
@@ -276,62 +234,33 @@ def check(b: DictConfig, conf_dir: Path = CONF_DIR) -> dict[tuple[str, str, int 
         if arms and b.baseline in names and b.baseline not in [a.name for a in arms]:
             problems.append(f"benchmark.baseline={b.baseline} does not take part in {mode.value} mode: "
                             f"remove {mode.value} from its arms[].modes restriction")
-        seeds = list(b.accuracy.seeds) if mode == Mode.accuracy else [None]
+        seeds = (list(b.accuracy.seeds) if mode == Mode.accuracy else []) or [None]  # none: a problem above
         for arm in arms:
             where = f"benchmark.arms[{names.index(arm.name)}] ({arm.name}, {mode.value} mode)"
-            cfg = compose_arm(arm_overrides(b, arm, mode, seeds[0]), where, problems, conf_dir)
-            if cfg is None:
+            try:
+                cfg = compose_finetune(arm_overrides(b, arm, mode, seeds[0]), conf_dir)
+            except Exception as exc:  # Hydra's composition errors: unknown key, bad option, bad value
+                cause = str(exc.__cause__ or exc).split("Config search path")[0]
+                problems.append(f"{where}: the finetune overrides do not compose: " + " ".join(cause.split()))
                 continue
-            if invalid := validation_problems(cfg, where):
-                problems.extend(invalid)
+            if Runner(arm.runner) == Runner.trainer and cfg.task.family != "classification":
+                problems.append(f"{where}: the trainer runner is run_glue-style, sequence classification only")
+            try:
+                validate(cfg)
+            except ConfigError as exc:
+                problems.extend(f"{where}: {p}" for p in exc.problems)
                 continue
-            problems.extend(loadability_problems(cfg, where))  # fail now, not after the speed arms have run
+            if cfg.model.pretrained:  # fail now, not after the speed arms have run (a Hub name offline)
+                try:
+                    check_loadable(cfg.model.name_or_path, f"model {cfg.model.name}", "model.name_or_path")
+                except ModelLoadError as exc:
+                    problems.append(f"{where}: {exc}".replace("\n", " "))
             if mode == Mode.speed and cfg.trainer.grad_accum != 1:
                 problems.append(f"{where}: trainer.grad_accum={cfg.trainer.grad_accum}; speed mode times "
                                 "single micro-batch steps, use trainer.grad_accum=1")
             cfgs[(mode.value, arm.name, seeds[0])] = cfg
             for seed in seeds[1:]:  # the same config but for trainer.seed, so validated once
                 cfgs[(mode.value, arm.name, seed)] = compose_finetune(arm_overrides(b, arm, mode, seed), conf_dir)
-    if problems:
-        raise BenchmarkConfigError(problems)
-    return cfgs
-
-
-def check_peer(p: DictConfig, conf_dir: Path = CONF_DIR) -> dict[str, DictConfig]:
-    """The comparison's `check`: compose and validate every arm's finetune config; raise with every problem."""
-    problems: list[str] = []
-    names = [a.name for a in p.arms]
-    if len(names) < 2:
-        problems.append("peer.arms: give at least two arms (a trainer arm and an ampft arm)")
-    if dupes := sorted({n for n in names if names.count(n) > 1}):
-        problems.append(f"peer.arms has duplicate names {dupes}")
-    if not p.seeds or len(set(p.seeds)) != len(p.seeds):
-        problems.append(f"peer.seeds={list(p.seeds)}: give one or more distinct seeds")
-    for i, t in enumerate(p.targets):
-        if t.arm not in names or t.over not in names:
-            problems.append(f"peer.targets[{i}]: {t.arm} over {t.over}: both must be arms ({names})")
-        if t.min_ratio <= 0:
-            problems.append(f"peer.targets[{i}].min_ratio={t.min_ratio}: must be > 0")
-    if p.profile_steps < 0:
-        problems.append(f"peer.profile_steps={p.profile_steps}: give 0 (no profiling) or a number of steps, e.g. 20")
-    if unknown := [a for a in p.accuracy_reference if a not in names]:
-        problems.append(f"peer.accuracy_reference has {unknown}: not arms ({names})")
-    cfgs: dict[str, DictConfig] = {}
-    for i, arm in enumerate(p.arms):
-        where = f"peer.arms[{i}] ({arm.name})"
-        if arm.modes is not None:
-            problems.append(f"{where}: modes={[Mode(m).value for m in arm.modes]}; a comparison has no modes, every arm trains in "
-                            "full: remove the key")
-        cfg = compose_arm([*p.overrides, *p.extra, *arm.overrides], where, problems, conf_dir)
-        if cfg is None:
-            continue
-        if Runner(arm.runner) == Runner.trainer and cfg.task.family != "classification":
-            problems.append(f"{where}: the trainer runner is run_glue-style, sequence classification only")
-        if invalid := validation_problems(cfg, where):
-            problems.extend(invalid)
-            continue
-        problems.extend(loadability_problems(cfg, where))  # fail now, not after other arms have run
-        cfgs[arm.name] = cfg
     if problems:
         raise BenchmarkConfigError(problems)
     return cfgs

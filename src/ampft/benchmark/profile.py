@@ -1,4 +1,4 @@
-"""torch.profiler over a window of training steps, the same way for both runners (`peer.profile_steps`).
+"""torch.profiler over a window of training steps, the same way for both runners (`benchmark.accuracy.profile_steps`).
 
 Neither training loop is touched: a global optimizer step hook (`register_optimizer_step_post_hook`, fired by
 every torch optimizer, so by the Trainer's and by ampft's alike) advances the profiler's schedule, so each

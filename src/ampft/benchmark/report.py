@@ -1,6 +1,4 @@
-"""results.json, results.csv (every raw measurement, one per row) and report.md, for both benchmarks: `render`
-(the precision benchmark) and `render_peer` (the comparison with the Trainer) share the tables and the
-hardware section."""
+"""results.json, results.csv (every raw measurement, one per row), report.md (`render`) and the PNGs (`plots`)."""
 
 from __future__ import annotations
 
@@ -14,7 +12,8 @@ from ampft.benchmark import plots
 from ampft.benchmark.budget import fmt_seconds
 from ampft.benchmark.config import Runner
 from ampft.benchmark.profile import SKIP, WARMUP
-from ampft.benchmark.results import NOT_CHECKED, NOT_REPRODUCED, REPRODUCED, resummarize_peer
+from ampft.benchmark.results import NOT_CHECKED, NOT_REPRODUCED, REPRODUCED, from_comparison
+from ampft.benchmark.stats import ratio
 from ampft.devices import cpu_half_support
 from ampft.extras import MissingExtraError
 
@@ -206,8 +205,19 @@ def render(results: dict, plots: list[str] | None = None) -> str:
     acc = {a["arm"]: a for a in acc_arms}
     base = b["baseline"]
     cuda = env["device_type"] == "cuda"
-    out: list[str] = [f"# Benchmark `{b['name']}`: precision A/B", ""]
+    trainers = [a["arm"] for a in acc_arms if a["runner"] == Runner.trainer.value]
+    what = "ampft vs the Hugging Face Trainer" if trainers else "precision A/B"
+    out: list[str] = [f"# Benchmark `{b['name']}`: {what}", ""]
     out += [f"Measured {env['date']} on {device_text(env)}. Command: `{results.get('command', '')}`.", ""]
+    if sources := results.get("sources"):  # `combine`: seeds measured in separate runs
+        out += [f"Combined from {len(sources)} runs of this setup on this machine (`ampft.benchmark.combine`), "
+                "summarized as one:", ""]
+        out += [f"- `{s['dir']}`: seeds {s['seeds']}, arms {', '.join(s['arms'])}; `{s['command']}`" for s in sources]
+        out.append("")
+    if results.get("partial_seeds"):
+        out += [f"**Partial**: seeds {results['partial_seeds']} of the {b['accuracy']['seeds']} asked for were "
+                "measured when this report was written (it is rewritten after every seed; the benchmark stopped or "
+                "was still running).", ""]
     busy = [(f"`{a['arm']}`" + (f" seed {a['seed']}" if "seed" in a else ""), a["other_cpu_share"])
             for a in [*(results.get("speed") or {}).get("raw", []), *(results.get("accuracy") or {}).get("runs", [])]
             if (a.get("other_cpu_share") or 0) > BUSY]
@@ -224,7 +234,9 @@ def render(results: dict, plots: list[str] | None = None) -> str:
     out += ["## Setup", ""]
     s, sw = b["speed"], b["sweep"]
     lines = [f"- model `{b['model']}`, task `{b['task']}`, sequence length {b['seq_len']}, batch {b['batch_size']}, "
-             f"baseline arm `{base}`; arms: " + ", ".join(f"`{a['name']}` ({' '.join(a['overrides'])})" for a in b["arms"])]
+             f"baseline arm `{base}`; shared overrides {[*b['overrides'], *b.get('extra', [])]}; arms: "
+             + ", ".join(f"`{a['name']}` ({a.get('runner', 'ampft')}: {' '.join(a['overrides']) or 'defaults'})"
+                         for a in b["arms"])]
     if "speed" in b["modes"]:
         pilot = "two pilot steps at a quarter of the batch (for the time budget), then " if "budget" in results else ""
         lines.append(f"- speed/memory: {pilot}{s['warmup_steps']} warm-up steps (not timed), then up to "
@@ -239,9 +251,12 @@ def render(results: dict, plots: list[str] | None = None) -> str:
                          f"{'every speed arm' if sw['arms'] is None else ', '.join(sw['arms'])}, with the arm's own "
                          "model and optimizer after its timed steps")
     if "accuracy" in b["modes"]:
+        isolated = "each run in its own process, one at a time, with a cold tokenization cache; wall time is the " \
+            "process's (imports, model, tokenization, training, evaluation)" if b["accuracy"].get("isolate") else \
+            "ampft's runs in this process, the Trainer's each in its own"
         lines.append(f"- accuracy: full fine-tuning runs per arm for seeds {b['accuracy']['seeds']} "
                      f"(the seed fixes initialisation and data order, the same in every arm); overrides "
-                     f"{b['accuracy']['overrides']}")
+                     f"{b['accuracy']['overrides']}; {isolated}")
     out += lines + [""]
     if bud:
         out += _budget_section(bud, base)
@@ -259,17 +274,19 @@ def render(results: dict, plots: list[str] | None = None) -> str:
         time_pct = a["time_vs_baseline"] if a else None
         if time_pct is None and c is not None:
             time_pct = c["time_vs_baseline"]
-        rows.append([f"`{name}`", (a or c)["precision"] or "—",
+        rows.append([f"`{name}`", *([c["runner"] if c else "ampft"] if trainers else []), (a or c)["precision"] or "—",
                      _pct(time_pct), _pct(a["memory_vs_baseline"]) if a else "—",
-                     _f(a["samples_per_second"]["median"]) if a else "—",
-                     _f(a["tokens_per_second"]["median"], ",.0f") if a else "—",
+                     _f(a["samples_per_second"]["median"] if a else c["samples_per_second"]),
+                     _f(a["tokens_per_second"]["median"] if a else c["tokens_per_second"], ",.0f"),
                      _acc_text(c), _diff_text(c)])
     metric = acc_arms[0]["main_metric"] if acc_arms else "accuracy"
-    out += table(["arm", "precision", f"time (% of {base})", f"memory (% of {base})", "samples/s", "tokens/s",
-                   f"{metric} (mean ± std)", f"Δ {metric} vs {base} [95% CI]"], rows)
-    out += ["", f"Time and memory are from speed mode (time per sample; memory: "
+    out += table(["arm", *(["runner"] if trainers else []), "precision", f"time (% of {base})",
+                  f"memory (% of {base})", "samples/s", "tokens/s", f"{metric} (mean ± std)",
+                  f"Δ {metric} vs {base} [95% CI]"], rows)
+    out += ["", f"Time, memory and speeds are from speed mode (time per sample; memory: "
             f"{'peak allocated on the GPU' if cuda else 'peak resident set size of the process'}); where an arm "
-            "has no speed run its time comes from its accuracy runs' training time.", ""]
+            "has no speed run they come from its accuracy runs (training time; samples/s and non-padding tokens/s "
+            "over the training loop, medians over seeds).", ""]
 
     if speed:
         out += ["## Speed and memory", ""]
@@ -343,7 +360,7 @@ def render(results: dict, plots: list[str] | None = None) -> str:
             rows.append([f"`{a['arm']}`", a["precision"] or "—", f"{a['runs']} ({a['diverged']} diverged)",
                          _acc_text(a), f"{m['min']:.4f}–{m['max']:.4f}" if m else "—", _diff_text(a),
                          _f(a["train_seconds"]["mean"]) if a["train_seconds"] else "—", _pct(a["time_vs_baseline"]),
-                         ", ".join(str(x) for x in a["skipped_steps"]),
+                         ", ".join("—" if x is None else str(x) for x in a["skipped_steps"]),
                          ", ".join("—" if x is None else f"{x:g}" for x in a["loss_scale_final"]),
                          _pct(a.get("other_cpu_share"))])
         out += table(["arm", "precision", "runs", f"{metric} mean ± std", "min–max",
@@ -351,11 +368,13 @@ def render(results: dict, plots: list[str] | None = None) -> str:
                        "final loss scale", "other processes' CPU (max)"], rows)
         out += ["", "Δ: mean of the per-seed differences to the baseline with a t-based 95% confidence interval "
                 "(paired by seed).", ""]
+        out += _comparison(results, acc_arms, trainers, metric)
 
-    out += ["## Claims", ""]
     claims = results.get("claims", [])
+    if claims:
+        out += ["## Claims", ""]
     rows = [[c["claim"], f"**{c['verdict']}**", c["measured"] or "—", c["note"] or ""] for c in claims]
-    out += table(["claim", "verdict", "measured", "note"], rows) + [""]
+    out += table(["claim", "verdict", "measured", "note"], rows) + [""] if claims else []
     failed = [c for c in claims if c["verdict"] == NOT_REPRODUCED]
     unchecked = [c for c in claims if c["verdict"] == NOT_CHECKED]
     ok = [c for c in claims if c["verdict"] == REPRODUCED]
@@ -378,110 +397,76 @@ def render(results: dict, plots: list[str] | None = None) -> str:
     return "\n".join(out) + "\n"
 
 
-def render_peer(results: dict) -> str:
-    """report.md of a comparison with the Trainer (`results.summarize_peer`)."""
-    env, setup, arms = results["environment"], results["setup"], results["arms"]
-    trainers = [n for n, a in arms.items() if a["runner"] == Runner.trainer.value]
-    first = next(iter(arms.values()))
-    metric = setup["metric"]
-    precisions = list(dict.fromkeys(a["precision"] for a in arms.values()))
-    precision = setup["precision"] if len(precisions) == 1 else f"{' or '.join(precisions)} (per arm: see differs by)"
-    lines = [
-        f"# ampft vs the Hugging Face Trainer: {results['name']}",
-        "",
-        f"Measured {env['date']} on {env['device_name']} ({env['cpu_count']} CPU cores, torch threads "
-        f"{env['torch_threads']}); torch {env['torch']}, transformers {env['transformers']}, accelerate "
-        f"{env['accelerate']}, Python {env['python']}.",
-        "",
-        f"Same for every arm: model {setup['model']}, task {setup['task']} ({setup['train_file'] or 'Hub'}), "
-        f"{first['train_examples']} training examples, max length {setup['max_length']}, "
-        f"batch {setup['batch_size']}, lr {setup['lr']:g}, {setup['epochs']:g} epoch(s), {precision}, "
-        f"seeds {setup['seeds']}. Each arm runs in its own process, one at a time.",
-        "",
-        f"Command: `{results['command'] or 'run_peer(...)'}`",
-        "",
-    ]
-    if sources := results.get("sources"):  # `combine`: seeds measured in separate runs
-        lines += [f"Combined from {len(sources)} runs of this setup on this machine "
-                  "(`ampft.benchmark.combine`), summarized as one:", ""]
-        lines += [f"- `{s['dir']}`: seeds {s['seeds']}, arms {', '.join(s['arms'])}; `{s['command']}`" for s in sources]
-        lines.append("")
-    if len(results.get("seeds_requested") or setup["seeds"]) > len(setup["seeds"]):
-        lines += [f"**Partial**: seeds {setup['seeds']} of the {results['seeds_requested']} asked for were measured "
-                  "when this report was written (it is rewritten after every seed; the benchmark stopped or "
-                  "was still running).", ""]
-    rows = []
-    for name, a in arms.items():
-        score = f"{a['metric']:.2f}" + ("" if a["metric_std"] is None else f" ± {a['metric_std']:.2f}")
-        rows.append([name, a["runner"], ", ".join(a["overrides"]) or "(defaults)", f"{a['samples_per_second']:.1f}",
-                     f"{a['tokens_per_second']:.0f}", f"{a['train_seconds']:.1f}", f"{a['wall_seconds']:.1f}", score,
-                     f"{a['peak_memory_bytes'] / 2**20:.0f}",
-                     *(f"{a['speedup'][t]:.2f}" if t in a["speedup"] else "—" for t in trainers)])
-    lines += table(["arm", "runner", "differs by", "samples/s", "tokens/s", "training s", "wall s", metric, "peak MiB",
-                    *(f"x {t}" for t in trainers)], rows, align="lll" + "r" * (6 + len(trainers)))
-    lines += ["", "samples/s and tokens/s (non-padding) are over the training loop; wall is the whole process "
-              "(imports, model, tokenization, training, evaluation). Peak memory: "
-              f"{first['peak_memory_kind']}."
-              + (" x: samples/s over a Trainer arm's in the same precision (— for another precision)."
-                 if len(precisions) > 1 else ""), ""]
-    if len(setup["seeds"]) > 1:
-        lines += [f"With {len(setup['seeds'])} seeds: samples/s, times and memory are medians, {metric} "
-                  "is the mean ± standard deviation. Per seed:", ""]
-        lines += table(["arm", *(f"seed {s} {what}" for s in setup["seeds"] for what in ("samples/s", metric))],
-                       [[name, *(f"{x:.{d}f}" for v, m in zip(a["samples_per_second_per_seed"], a["metric_per_seed"],
-                                                              strict=True) for x, d in ((v, 1), (m, 2)))]
-                        for name, a in arms.items()], align="l" + "rr" * len(setup["seeds"]))
-        lines.append("")
-    mfus = {n: a["mfu"] for n, a in arms.items() if a["mfu"] is not None}
-    lines += ["Model FLOP/s over non-padding tokens (6N + 12·L·h·s per token, per example's length): "
-              + ", ".join(f"{n} {a['model_tflops'] * 1e3:.2f} GFLOP/s" for n, a in arms.items()) + ". "
-              + (("MFU: " + ", ".join(f"{n} {v:.1%}" for n, v in mfus.items()) + f" of {first['peak_tflops']:g} "
-                  f"TFLOP/s ({first['peak_tflops_source']}).") if mfus else f"MFU: {first['peak_tflops_source']}."),
-              ""]
-    lines += _precision_section(results)
-    lines += _profile_section(results)
-    lines += ["## Targets", ""]
-    for t in results["targets"]:
-        lines.append(f"- {t['arm']} at least {t['min_ratio']:g}x the samples/s of {t['over']}: measured "
-                     f"{t['ratio']:.2f}x, **{'met' if t['met'] else 'NOT met'}**.")
-    tol = results["accuracy_tolerance"]
-    for acc in results["accuracy"]:
-        line = (f"- {acc['arm']} {metric} within {tol:g} point(s) of {acc['reference']}: "
-                f"{acc['difference']:+.2f}, **{'yes' if acc['within'] else 'NO'}**.")
-        if len(acc["per_seed"]) > 1:
-            line += (f" Paired over {len(acc['per_seed'])} seeds: "
-                     f"{', '.join(f'{d:+.2f}' for d in acc['per_seed'])}, standard error {acc['standard_error']:.2f};"
-                     f" within one seed standard deviation of {acc['reference']} ({acc['reference_std']:.2f}): "
-                     f"**{'yes' if acc['within_reference_std'] else 'NO'}**.")
-        lines.append(line)
-    loaded = {n: a["other_load"] for n, a in arms.items() if a["other_load"] > BUSY}
-    if loaded:
-        lines += ["", "**Warning**: other processes used CPU while these arms ran (share of the machine): "
-                  + ", ".join(f"{n} {v:.0%}" for n, v in loaded.items()) + "; their timings are unreliable."]
-    ampft = [n for n, a in arms.items() if a["runner"] == Runner.ampft.value and not a["overrides"]]
+def _comparison(results: dict, acc_arms: list[dict], trainers: list[str], metric: str) -> list[str]:
+    """The accuracy runs' speeds (against the Trainer's), each seed, model FLOP/s, precision gains, step
+    profiles, targets and accuracy checks, and what each fast path contributes."""
+    acc, seeds = results["accuracy"], results["benchmark"]["accuracy"]["seeds"]
+    arms = {a["arm"]: a for a in acc_arms}
+    out = ["### Speed of the accuracy runs", ""]
+    rows = [[f"`{n}`", a["runner"], ", ".join(a["overrides"]) or "(defaults)", _f(a["samples_per_second"]),
+             _f(a["tokens_per_second"], ".0f"), _f(a["train_seconds"] and a["train_seconds"]["median"]),
+             _f(a["wall_seconds"]), _mib(a["peak_memory_bytes"]), *(_f(a["speedup"].get(t), ".2f") for t in trainers)]
+            for n, a in arms.items()]
+    out += table(["arm", "runner", "differs by", "samples/s", "tokens/s", "training s", "wall s", "peak memory",
+                  *(f"x {t}" for t in trainers)], rows, align="lll" + "r" * (5 + len(trainers)))
+    kind = next((a["peak_memory_kind"] for a in acc_arms if a["peak_memory_kind"]), "—")
+    out += ["", "Medians over seeds. samples/s and tokens/s (non-padding) are over the training loop; wall is the "
+            f"run's. Peak memory: {kind}." + (" x: samples/s over a Trainer arm's in the same precision."
+                                              if trainers else ""), ""]
+    if len(seeds) > 1:
+        out += ["Per seed:", ""]
+        out += table(["arm", *(f"seed {s} {w}" for s in seeds for w in ("samples/s", metric))],
+                     [[f"`{n}`", *(_f(x, d) for v, m in zip(a["samples_per_second_per_seed"], a["metric_per_seed"],
+                                                              strict=True) for x, d in ((v, ".1f"), (m, ".4f")))]
+                      for n, a in arms.items()], align="l" + "rr" * len(seeds)) + [""]
+    counted = {n: a for n, a in arms.items() if a["model_tflops"]}
+    if counted:
+        mfus = {n: a["mfu"] for n, a in counted.items() if a["mfu"] is not None}
+        first = next(iter(counted.values()))
+        out += ["Model FLOP/s over non-padding tokens (6N + 12·L·h·s per token, per example's length): "
+                + ", ".join(f"`{n}` {a['model_tflops'] * 1e3:.2f} GFLOP/s" for n, a in counted.items()) + ". "
+                + (("MFU: " + ", ".join(f"`{n}` {v:.1%}" for n, v in mfus.items()) + f" of {first['peak_tflops']:g} "
+                    f"TFLOP/s ({first['peak_tflops_source']}).") if mfus else f"MFU: {first['peak_tflops_source']}."),
+                ""]
+    out += _precision_section(results, arms, metric)
+    out += _profile_section(arms)
+    if acc["targets"] or acc["checks"]:
+        out += ["### Targets", ""]
+    for t in acc["targets"]:
+        out.append(f"- {t['arm']} at least {t['min_ratio']:g}x the samples/s of {t['over']}: measured "
+                   f"{_f(t['ratio'], '.2f')}x, **{'met' if t['met'] else 'NOT met'}**.")
+    for c in acc["checks"]:
+        line = (f"- {c['arm']} {metric} within {acc['tolerance']:g} point(s) of {c['reference']}: "
+                f"{c['difference']:+.2f}, **{'yes' if c['within'] else 'NO'}**.")
+        if len(c["per_seed"]) > 1:
+            line += (f" Paired over {len(c['per_seed'])} seeds: "
+                     f"{', '.join(f'{d:+.2f}' for d in c['per_seed'])}, standard error {c['standard_error']:.2f};"
+                     f" within one seed standard deviation of {c['reference']} ({c['reference_std']:.2f}): "
+                     f"**{'yes' if c['within_reference_std'] else 'NO'}**.")
+        out.append(line)
+    if acc["targets"] or acc["checks"]:
+        out.append("")
+    plain = [n for n, a in arms.items() if a["runner"] == Runner.ampft.value and not a["overrides"]]
     ablations = [a for a in arms.values() if a["runner"] == Runner.ampft.value and a["overrides"]
-                 and ampft and a["precision"] == arms[ampft[0]]["precision"]]  # other precisions: their own section
-    if ampft and ablations:
-        base = arms[ampft[0]]
-        lines += ["", f"## What each fast path contributes (relative to {ampft[0]})", ""]
-        for a in ablations:
-            lines.append(f"- {', '.join(a['overrides'])}: {a['samples_per_second'] / base['samples_per_second']:.2f}x "
-                         f"the samples/s, {a['wall_seconds'] / base['wall_seconds']:.2f}x the wall time")
-    lines += ["", *hardware(env)]
-    return "\n".join(lines).rstrip("\n") + "\n"
+                 and plain and a["precision"] == arms[plain[0]]["precision"]]  # other precisions: their own section
+    if plain and ablations and arms[plain[0]]["samples_per_second"]:
+        ref = arms[plain[0]]
+        out += [f"### What each fast path contributes (relative to {plain[0]})", ""]
+        out += [f"- {', '.join(a['overrides'])}: {_f(ratio(a['samples_per_second'], ref['samples_per_second']), '.2f')}x "
+                f"the samples/s, {_f(ratio(a['wall_seconds'], ref['wall_seconds']), '.2f')}x the wall time" for a in ablations]
+        out.append("")
+    return out
 
 
-def _precision_section(results: dict) -> list[str]:
+def _precision_section(results: dict, arms: dict[str, dict], metric: str) -> list[str]:
     """Each side's gain from a lower precision (an fp32 arm and its twin, measured in this run), and ampft
     against the Trainer in each precision; empty where no arm has an fp32 twin."""
-    gains, arms, env = results.get("precision_gains") or [], results["arms"], results["environment"]
-    if not gains:
-        return []
-    metric = results["setup"]["metric"]
+    acc, env = results["accuracy"], results["environment"]
+    gains = acc["precision_gains"]
     ran_in = "each of these runs" if results.get("sources") else "this run"  # `combine`: several runs
     out = []
     for prec in dict.fromkeys(g["precision"] for g in gains):
-        out += [f"## {prec} against fp32", "",
+        out += [f"### {prec} against fp32", "",
                 f"Each pair differs only in `precision`; both ran in {ran_in}, with the same seeds and data, so "
                 f"the {metric} difference is paired by seed (the mean of the per-seed differences, in points).", ""]
         rows = [[g["runner"], g["fp32"], g["arm"], f"{arms[g['fp32']]['samples_per_second']:.1f}",
@@ -490,10 +475,10 @@ def _precision_section(results: dict) -> list[str]:
                 for g in gains if g["precision"] == prec]
         out += table(["side", "fp32 arm", f"{prec} arm", "fp32 samples/s", f"{prec} samples/s", f"{prec} / fp32",
                       f"{metric} Δ per seed", f"{metric} Δ"], rows, align="lllrrrlr") + [""]
-        for v in (v for v in results.get("by_precision") or [] if v["precision"] == prec):
+        for v in (v for v in acc["by_precision"] if v["precision"] == prec):
             rows = [[r["precision"], r["trainer"], r["ampft"], f"{arms[r['trainer']]['samples_per_second']:.1f}",
                      f"{arms[r['ampft']]['samples_per_second']:.1f}", f"{r['ratio']:.2f}x",
-                     f"{arms[r['trainer']]['metric']:.2f}", f"{arms[r['ampft']]['metric']:.2f}",
+                     f"{r['trainer_metric']:.2f}", f"{r['ampft_metric']:.2f}",
                      f"{r['metric_difference']:+.2f}"] for r in v["rows"]]
             out += table(["precision", "Trainer arm", "ampft arm", "Trainer samples/s", "ampft samples/s",
                           "ampft / Trainer", f"Trainer {metric}", f"ampft {metric}", f"{metric} Δ"], rows,
@@ -511,10 +496,10 @@ def _precision_section(results: dict) -> list[str]:
     return out
 
 
-def _profile_section(results: dict) -> list[str]:
-    """Where a step's time goes, per arm (peer.profile_steps): self time by op category, per step and per
-    1,000 real tokens, and each arm's top ops; empty without profiles."""
-    profiled = {n: a["profile"] for n, a in results["arms"].items() if a.get("profile")}
+def _profile_section(arms: dict[str, dict]) -> list[str]:
+    """Where a step's time goes, per arm (benchmark.accuracy.profile_steps): self time by op category, per step
+    and per 1,000 real tokens, and each arm's top ops; empty without profiles."""
+    profiled = {n: a["profile"] for n, a in arms.items() if a.get("profile")}
     if not profiled:
         return []
     first = next(iter(profiled.values()))
@@ -527,7 +512,7 @@ def _profile_section(results: dict) -> list[str]:
             ["**ms / step**", *(f"**{p['ms_per_step']:.1f}**" for p in profiled.values())],
             ["**ms / 1k real tokens**", *(f"**{p['ms_per_1k_real_tokens']:.1f}**" for p in profiled.values())]]
     rows += [[f"{c} (ms / step)", *(f"{p['categories'].get(c, 0.0):.1f}" for p in profiled.values())] for c in cats]
-    out = ["## Where a step's time goes (torch.profiler)", "",
+    out = ["### Where a step's time goes (torch.profiler)", "",
            f"{first['steps']} training steps per arm (the first seed's run, after {SKIP + WARMUP} unrecorded steps), profiled "
            f"the same way for both runners: a global optimizer-step hook advances the profiler, so a step is "
            f"data loading, forward, backward, clipping, optimizer, scheduler and zero_grad. Time is "
@@ -541,15 +526,12 @@ def _profile_section(results: dict) -> list[str]:
 
 
 def write_outputs(res: dict, out_dir: Path) -> Path:
-    """results.json and report.md into out_dir, and for the precision benchmark results.csv and the PNGs; return
-    report.md. The one writer of both benchmarks' outputs, also for re-rendering a saved run (`rerender`)."""
+    """results.json, results.csv, report.md and the PNGs into out_dir; return report.md. Also for re-rendering a
+    saved run (`rerender`) and for `combine`."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     write_json(res, out_dir / "results.json")
     path = out_dir / "report.md"
-    if "benchmark" not in res:  # a comparison with the Trainer (`peer.run_peer`)
-        path.write_text(render_peer(res))
-        return path
     write_csv(res, out_dir / "results.csv")
     try:
         made = plots.make_plots(res, out_dir)
@@ -562,7 +544,7 @@ def write_outputs(res: dict, out_dir: Path) -> Path:
 
 
 def rerender(out_dir: str | Path) -> Path:
-    """Every output of a saved run again from its results.json (after a change to the report code): a
-    comparison's statistics are summarized again from its raw runs; the precision benchmark's are rendered."""
+    """Every output of a saved run again from its results.json (after a change to the report code); one written
+    by the former comparison recipe is converted first (`results.from_comparison`)."""
     res = json.loads((Path(out_dir) / "results.json").read_text())
-    return write_outputs(res if "benchmark" in res else resummarize_peer(res), out_dir)
+    return write_outputs(res if "benchmark" in res else from_comparison(res), out_dir)

@@ -1,9 +1,12 @@
-"""Raw measurements → per-arm statistics → the claims, each with a plain verdict; for the precision benchmark
-(`summarize_speed_arm`, `summarize_accuracy`, `evaluate_claims`) and for the comparison with the Trainer
-(`summarize_peer`: medians over seeds, targets, accuracy paired by seed, each side's gain from a precision).
+"""Raw measurements → per-arm statistics → the claims and the comparison's checks, each with a plain verdict.
 
-Everything here works on plain dicts (what results.json holds), so a report can be re-rendered from a
-results.json without re-measuring: `render(json.load(open("results.json")))`.
+Speed arms: `summarize_speed_arm`, `add_speed_ratios`. Accuracy arms (`summarize_accuracy`), whoever trained
+them: the metric's mean/std and its paired difference to the baseline with a confidence interval, medians of
+the speeds over seeds, model TFLOP/s; then the targets (samples/s ratios), the accuracy checks against the
+reference arms, each side's gain from a precision (an fp32 arm and its twin) and ampft against the Trainer per
+precision. `evaluate_claims` judges the published mixed-precision claims (ampft arms only).
+
+Everything works on plain dicts (what results.json holds), so a report can be re-rendered without re-measuring.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from statistics import mean, median, stdev
 from omegaconf import DictConfig, OmegaConf
 
 from ampft.benchmark import flops, stats
-from ampft.benchmark.config import PeerConfig, Runner, check_peer
+from ampft.benchmark.config import BenchmarkConfig, Mode, Runner, arms_for
 from ampft.config import Precision
 from ampft.devices import HF_ANCHOR, MEMORY_CLAIM, NVIDIA_ANCHOR, SLACK, TENSOR_CORE_SPEEDUP, TIME_CLAIM
 
@@ -64,35 +67,161 @@ def add_speed_ratios(arms: list[dict], baseline: str) -> None:
         a["memory_vs_baseline"] = stats.ratio(a["peak_memory_bytes"], base["peak_memory_bytes"])
 
 
-# --- accuracy -------------------------------------------------------------------------------------
+# --- accuracy ---------------------------------------------------------------------------------------
 
-def summarize_accuracy(runs: list[dict], arm_names: list[str], baseline: str) -> list[dict]:
-    by_arm = {name: [r for r in runs if r["arm"] == name] for name in arm_names}
+def _points(value: float | None) -> float | None:
+    """Metrics in [0, 1] (GLUE's fractions) as percentage points; others as they are."""
+    return None if value is None else (100 * value if abs(value) <= 1 else value)
+
+
+def _paired(a: dict, b: dict) -> list[tuple[float, float]]:
+    """(a's metric, b's) in points for each seed both arms have a metric for (a diverged or missing run has
+    none); `metric_per_seed` follows benchmark.accuracy.seeds."""
+    return [(_points(x), _points(y)) for x, y in zip(a["metric_per_seed"], b["metric_per_seed"], strict=True)
+            if x is not None and y is not None]
+
+
+def summarize_accuracy(b: DictConfig | dict, runs: list[dict], env: dict, cfgs: dict | None = None) -> dict:
+    """Per arm over its seeds, and the comparison's checks (module docstring). `cfgs` (`config.check`'s) finds
+    the precision twins; without it there are no precision gains."""
+    b = OmegaConf.merge(OmegaConf.structured(BenchmarkConfig), b)
+    names = [a.name for a in arms_for(b, Mode.accuracy) if any(r["arm"] == a.name for r in runs)]
+    by_arm = {n: [r for r in runs if r["arm"] == n] for n in names}
+    baseline = b.baseline
     base = {r["seed"]: r["metric"] for r in by_arm.get(baseline, []) if r["metric"] is not None}
     base_time = [r["train_seconds"] for r in by_arm.get(baseline, []) if r.get("train_seconds")]
-    out = []
-    for name, rs in by_arm.items():
+    seed_of = {(r["arm"], r["seed"]): r for r in runs}
+    arms = {}
+    for arm in (a for a in b.arms if a.name in by_arm):
+        rs = by_arm[arm.name]
         ok = [r for r in rs if r["metric"] is not None]
         values = {r["seed"]: r["metric"] for r in ok}
         times = [r["train_seconds"] for r in ok]
-        a = dict(
-            arm=name,
-            precision=rs[0]["precision"] if rs else None,
-            main_metric=rs[0]["main_metric"] if rs else None,
-            runs=len(rs),
-            diverged=sum(r["diverged"] for r in rs),
+        precision = rs[0]["precision"]
+        peak, source = flops.peak_tflops(precision, env["device_type"], env["device_name"],
+                                         OmegaConf.to_container(b.peak_tflops))
+        tflops = [r["model_tflops"] for r in ok if r.get("model_tflops")]
+        last = [r["train_loss_last"] for r in ok if r.get("train_loss_last") is not None]
+
+        def med(key: str, rows: list[dict] = ok) -> float | None:
+            values_ = [r[key] for r in rows if r.get(key) is not None]
+            return median(values_) if values_ else None
+
+        arms[arm.name] = dict(
+            arm=arm.name, runner=Runner(arm.runner).value, overrides=list(arm.overrides), precision=precision,
+            main_metric=rs[0]["main_metric"], runs=len(rs), diverged=sum(r["diverged"] for r in rs),
             metric=stats.describe(list(values.values())) if values else None,
-            diff=stats.difference_ci(values, base) if values and base and name != baseline else None,
+            metric_per_seed=[seed_of.get((arm.name, s), {}).get("metric") for s in b.accuracy.seeds],
+            diff=stats.difference_ci(values, base) if values and base and arm.name != baseline else None,
             train_seconds=stats.describe(times) if times else None,
-            time_vs_baseline=stats.ratio(sum(times) / len(times), sum(base_time) / len(base_time))
-            if times and base_time else None,
+            time_vs_baseline=stats.ratio(mean(times), mean(base_time)) if times and base_time else None,
             train_samples_per_second=stats.describe([r["train_samples_per_second"] for r in ok]) if ok else None,
+            samples_per_second=med("train_samples_per_second"), tokens_per_second=med("train_tokens_per_second"),
+            wall_seconds=med("wall_seconds"), setup_seconds=med("setup_seconds"),
+            samples_per_second_per_seed=[seed_of.get((arm.name, s), {}).get("train_samples_per_second")
+                                         for s in b.accuracy.seeds],
             skipped_steps=[r.get("skipped_steps") for r in rs],
             loss_scale_final=[r.get("loss_scale_final") for r in rs],
-            final_train_loss=stats.describe([r["train_loss_last"] for r in ok]) if ok else None,
+            final_train_loss=stats.describe(last) if last else None,
             other_cpu_share=max((r.get("other_cpu_share") or 0.0 for r in rs), default=None),
+            peak_memory_bytes=max((r.get("peak_memory_bytes") or 0 for r in rs), default=None) or None,
+            peak_memory_kind=rs[0].get("peak_memory_kind"),
+            model_tflops=median(tflops) if tflops else None, mfu=flops.mfu(median(tflops), peak) if tflops else None,
+            peak_tflops=peak, peak_tflops_source=source, attn_implementation=rs[0].get("attn_implementation"),
+            steps=rs[0].get("steps"), train_examples=rs[0].get("train_examples"),
+            profile=next((r["profile"] for r in rs if (r.get("profile") or {}).get("steps")), None),
         )
-        out.append(a)
+    trainers = [n for n, a in arms.items() if a["runner"] == Runner.trainer.value]
+
+    def ratio(x: str, y: str) -> float | None:
+        return stats.ratio(arms[x]["samples_per_second"], arms[y]["samples_per_second"])
+
+    for name, a in arms.items():  # against the Trainer arms of the same precision
+        a["speedup"] = {t: ratio(name, t) for t in trainers if arms[t]["precision"] == a["precision"]}
+    targets = [dict(arm=t.arm, over=t.over, min_ratio=t.min_ratio, ratio=ratio(t.arm, t.over)) for t in b.targets
+               if t.arm in arms and t.over in arms]
+    for t in targets:
+        t["met"] = t["ratio"] is not None and t["ratio"] >= t["min_ratio"]
+    references = [r for r in (list(b.accuracy.reference) or trainers) if r in arms]
+    checks = [paired_accuracy(_paired(arms[n], arms[ref]), b.accuracy.tolerance) | dict(arm=n, reference=ref)
+              for ref in references for n in arms if n != ref and _paired(arms[n], arms[ref])]
+    gains = precision_gains(arms, precision_pairs(b, cfgs, list(arms))) if cfgs else []
+    return dict(runs=runs, arms=list(arms.values()), targets=targets, checks=checks,
+                tolerance=b.accuracy.tolerance, precision_gains=gains, by_precision=by_precision(arms, gains))
+
+
+def paired_accuracy(pairs: list[tuple[float, float]], tolerance: float) -> dict:
+    """An arm's metric against a reference arm's, paired by seed ((arm, reference) per seed, in points; every
+    arm ran the same seeds, so the same initialisation and examples): the per-seed differences, their mean and
+    its standard error; whether the mean is within `tolerance` points, and within one seed standard deviation
+    of the reference (how far two seeds of the reference itself typically fall apart; None with one seed)."""
+    per_seed = [a - r for a, r in pairs]
+    difference = mean(per_seed)
+    several = len(per_seed) > 1
+    reference_std = stdev(r for _, r in pairs) if several else None
+    return dict(difference=difference, per_seed=per_seed,
+                standard_error=stdev(per_seed) / sqrt(len(per_seed)) if several else None,
+                reference_std=reference_std, within=abs(difference) <= tolerance,
+                within_reference_std=abs(difference) <= reference_std if several else None)
+
+
+def precision_pairs(b: DictConfig, cfgs: dict, names: list[str]) -> list[tuple[str, str]]:
+    """(fp32 arm, arm) for each arm in another precision whose finetune config is, but for the precision
+    group, an fp32 arm's of the same runner: the two differ in nothing else, so their samples/s ratio is
+    that side's gain from the precision, and their metrics are paired (same seeds, data and order)."""
+    seed = b.accuracy.seeds[0]
+
+    def cfg(name: str) -> DictConfig:
+        return cfgs[(Mode.accuracy.value, name, seed)]
+
+    def rest(name: str) -> dict:
+        return {k: v for k, v in OmegaConf.to_container(cfg(name), resolve=True).items() if k != "precision"}
+
+    arms = [a for a in b.arms if a.name in names]
+    fp32 = [a for a in arms if Precision(cfg(a.name).precision.name) == Precision.fp32]
+    pairs = []
+    for arm in arms:
+        if Precision(cfg(arm.name).precision.name) == Precision.fp32:
+            continue
+        twin = next((f for f in fp32 if Runner(f.runner) == Runner(arm.runner) and rest(f.name) == rest(arm.name)),
+                    None)
+        if twin is not None:
+            pairs.append((twin.name, arm.name))
+    return pairs
+
+
+def precision_gains(arms: dict[str, dict], pairs: list[tuple[str, str]]) -> list[dict]:
+    """Each pair's samples/s ratio (medians over seeds) and metric difference (mean of the per-seed
+    differences, in points), from the arms' measured numbers."""
+    gains = []
+    for base, arm in pairs:
+        a, b = arms[arm], arms[base]
+        per_seed = [x - y for x, y in _paired(a, b)]
+        if not per_seed or not a["samples_per_second"] or not b["samples_per_second"]:
+            continue
+        gains.append(dict(runner=a["runner"], fp32=base, arm=arm, precision=a["precision"],
+                          ratio=a["samples_per_second"] / b["samples_per_second"],
+                          metric_difference=mean(per_seed), metric_difference_per_seed=per_seed))
+    return gains
+
+
+def by_precision(arms: dict[str, dict], gains: list[dict]) -> list[dict]:
+    """ampft against the Trainer in each precision, for every Trainer pair and ampft pair of the same
+    precision: samples/s ratios and metric differences in fp32 and in the other precision, and how ampft's
+    gain from that precision compares with the Trainer's."""
+    out = []
+    for t in (g for g in gains if g["runner"] == Runner.trainer.value):
+        for a in (g for g in gains if g["runner"] == Runner.ampft.value and g["precision"] == t["precision"]):
+            rows = []
+            for key in ("fp32", "arm"):
+                ta, aa = arms[t[key]], arms[a[key]]
+                rows.append(dict(precision=aa["precision"], trainer=t[key], ampft=a[key],
+                                 ratio=aa["samples_per_second"] / ta["samples_per_second"],
+                                 trainer_metric=_points(ta["metric"]["mean"]), ampft_metric=_points(aa["metric"]["mean"]),
+                                 metric_difference=mean(x - y for x, y in _paired(aa, ta))))
+            out.append(dict(precision=t["precision"], trainer_gain=t["ratio"], ampft_gain=a["ratio"],
+                            gain_ratio=a["ratio"] / t["ratio"], gain_at_least_trainer=a["ratio"] >= t["ratio"],
+                            rows=rows))
     return out
 
 
@@ -135,7 +264,11 @@ def _same_accuracy(a: dict | None) -> tuple[str, str]:
 
 
 def evaluate_claims(results: dict) -> list[dict]:
+    """The published claims judged on this run's ampft arms; none for a benchmark with a Trainer arm (they are
+    about ampft's precisions, a comparison has targets instead)."""
     b, env = results["benchmark"], results["environment"]
+    if any(a.get("runner") == Runner.trainer.value for a in b["arms"]):
+        return []
     speed = (results.get("speed") or {}).get("arms", [])
     acc = {a["arm"]: a for a in (results.get("accuracy") or {}).get("arms", [])}
     baseline = b["baseline"]
@@ -257,149 +390,49 @@ def evaluate_claims(results: dict) -> list[dict]:
     return claims
 
 
-# --- the comparison with the Trainer (`make benchmark-peer`) ---------------------------------------
+# --- saved results ----------------------------------------------------------------------------------------
 
+def resummarize(res: dict) -> dict:
+    """A results.json's accuracy statistics and claims computed again from its config and raw runs (after
+    `combine` merged runs, or after a change to this module); its arms are composed and checked again."""
+    from ampft.benchmark.config import check
 
-def _points(value: float | None) -> float | None:
-    """Metrics in [0, 1] (GLUE's fractions) as percentage points; others as they are."""
-    return None if value is None else (100 * value if abs(value) <= 1 else value)
-
-
-def summarize_peer(p: DictConfig, cfgs: dict[str, DictConfig], runs: list[dict], env: dict, command: str | None) -> dict:
-    """Per arm over seeds (medians for speed, means for the metric), speed ratios, targets and accuracy checks."""
-    first = cfgs[p.arms[0].name]
-    metric = first.task.main_metric
-    arms = {}
-    for arm in p.arms:
-        rs = [r for r in runs if r["arm"] == arm.name]
-        cfg = cfgs[arm.name]
-        peak, peak_source = flops.peak_tflops(rs[0]["precision"], env["device_type"], env["device_name"],
-                                        {rs[0]["precision"]: p.peak_tflops})
-        tflops = median(r["model_tflops"] for r in rs)
-        arms[arm.name] = dict(
-            runner=Runner(arm.runner).value, overrides=list(arm.overrides),
-            samples_per_second=median(r["train_samples_per_second"] for r in rs),
-            tokens_per_second=median(r["train_tokens_per_second"] for r in rs),
-            train_seconds=median(r["train_seconds"] for r in rs),
-            wall_seconds=median(r["wall_seconds"] for r in rs),
-            setup_seconds=median(r["setup_seconds"] for r in rs),
-            metric=mean(_points(r["eval"][metric]) for r in rs),
-            metric_per_seed=[_points(r["eval"][metric]) for r in rs],
-            metric_std=stdev(_points(r["eval"][metric]) for r in rs) if len(rs) > 1 else None,
-            samples_per_second_per_seed=[r["train_samples_per_second"] for r in rs],
-            peak_memory_bytes=max(r["peak_memory_bytes"] for r in rs), peak_memory_kind=rs[0]["peak_memory_kind"],
-            model_tflops=tflops, mfu=flops.mfu(tflops, peak), peak_tflops=peak,
-            peak_tflops_source=peak_source.replace("benchmark.peak_tflops." + rs[0]["precision"], "peer.peak_tflops"),
-            precision=rs[0]["precision"], attn_implementation=rs[0]["attn_implementation"],
-            padding=cfg.trainer.padding.value, group_by_length=bool(cfg.trainer.group_by_length),
-            compile=bool(cfg.trainer.compile), steps=rs[0]["steps"], train_examples=rs[0]["train_examples"],
-            other_load=max((r["other_load"] or 0.0) for r in rs),
-            profile=next((r["profile"] for r in rs if (r.get("profile") or {}).get("steps")), None),
-        )
-    trainers = [n for n, a in arms.items() if a["runner"] == Runner.trainer.value]
-    for a in arms.values():  # against the Trainer arms of the same precision
-        a["speedup"] = {t: a["samples_per_second"] / arms[t]["samples_per_second"] for t in trainers
-                        if arms[t]["precision"] == a["precision"]}
-    targets = [dict(arm=t.arm, over=t.over, min_ratio=t.min_ratio,
-                    ratio=arms[t.arm]["samples_per_second"] / arms[t.over]["samples_per_second"]) for t in p.targets]
-    for t in targets:
-        t["met"] = t["ratio"] >= t["min_ratio"]
-    references = list(p.accuracy_reference) or trainers
-    accuracy = [paired_accuracy(arms[n]["metric_per_seed"], arms[ref]["metric_per_seed"], p.accuracy_tolerance)
-                | dict(arm=n, reference=ref) for ref in references for n in arms if n != ref]
-    c = first
-    setup = dict(model=c.model.name, task=c.task.name, train_file=c.task.train_file, validation_file=c.task.validation_file,
-                 max_train_samples=c.task.max_train_samples, max_length=c.task.max_length,
-                 batch_size=c.trainer.batch_size, lr=c.optim.lr, epochs=c.trainer.epochs, max_steps=c.trainer.max_steps,
-                 precision=c.precision.name.value, seeds=list(p.seeds), metric=metric)
-    gains = precision_gains(arms, precision_pairs(p, cfgs))
-    return dict(name=p.name, command=command, environment=env, setup=setup, arms=arms, targets=targets,
-                accuracy=accuracy, accuracy_tolerance=p.accuracy_tolerance, precision_gains=gains,
-                by_precision=by_precision(arms, gains), runs=runs, config=OmegaConf.to_container(p, resolve=True))
-
-
-def resummarize_peer(old: dict) -> dict:
-    """A saved comparison's results.json summarized again from its config, environment and raw runs."""
-    p = OmegaConf.merge(OmegaConf.structured(PeerConfig), old["config"])
-    res = summarize_peer(p, check_peer(p), upgrade_runs(old["runs"]), old["environment"], old["command"])
-    res["seeds_requested"] = old.get("seeds_requested", list(p.seeds))
-    if "sources" in old:  # `combine`d from several runs
-        res["sources"] = old["sources"]
+    b = OmegaConf.merge(OmegaConf.structured(BenchmarkConfig), res["benchmark"])
+    runs = res["accuracy"]["runs"]
+    res = dict(res, benchmark=OmegaConf.to_container(b, resolve=True, enum_to_str=True))
+    res["accuracy"] = summarize_accuracy(b, runs, res["environment"], check(b))
+    res["claims"] = evaluate_claims(res)
     return res
 
 
-OLD_NAMES = {"samples_per_second": "train_samples_per_second", "tokens_per_second": "train_tokens_per_second",
-             "train_log": "loss_curve"}
+RENAMED = {"samples_per_second": "train_samples_per_second", "tokens_per_second": "train_tokens_per_second",
+           "train_log": "loss_curve", "other_load": "other_cpu_share"}
 
 
-def upgrade_runs(runs: list[dict]) -> list[dict]:
-    """A saved comparison's runs with the record keys of today (`accuracy.run_seed`'s): results.json files
-    written before the two runners shared them keep re-rendering and combining."""
-    return [{OLD_NAMES.get(k, k): v for k, v in r.items()} for r in runs]
+def from_comparison(old: dict) -> dict:
+    """A results.json written by the former comparison recipe (recipes/peer.py: `config`, `setup`, `runs`) as
+    the benchmark's own: an accuracy-only benchmark of isolated runs with the same overrides, arms, seeds,
+    targets and references, summarized again; `rerender` and `combine` read old comparisons through it."""
+    c, setup = old["config"], old["setup"]
 
+    def option(group: str, default: str) -> str:
+        return next((o.split("=", 1)[1] for o in c["overrides"] if o.startswith(f"{group}=")), default)
 
-def paired_accuracy(arm: list[float], reference: list[float], tolerance: float) -> dict:
-    """An arm's metric against a reference arm's, paired by seed (every arm ran the same seeds, so the same
-    initialisation and examples): the per-seed differences, their mean and its standard error; whether the
-    mean is within `tolerance` points, and within one seed standard deviation of the reference (how far two
-    seeds of the reference itself typically fall apart; None with one seed)."""
-    per_seed = [a - r for a, r in zip(arm, reference, strict=True)]
-    difference = mean(per_seed)
-    several = len(per_seed) > 1
-    reference_std = stdev(reference) if several else None
-    return dict(difference=difference, per_seed=per_seed,
-                standard_error=stdev(per_seed) / sqrt(len(per_seed)) if several else None,
-                reference_std=reference_std, within=abs(difference) <= tolerance,
-                within_reference_std=abs(difference) <= reference_std if several else None)
-
-
-def precision_pairs(p: DictConfig, cfgs: dict[str, DictConfig]) -> list[tuple[str, str]]:
-    """(fp32 arm, arm) for each arm in another precision whose finetune config is, but for the precision
-    group, an fp32 arm's of the same runner: the two differ in nothing else, so their samples/s ratio is
-    that side's gain from the precision, and their metrics are paired (same seeds, data and order)."""
-    def rest(name: str) -> dict:
-        return {k: v for k, v in OmegaConf.to_container(cfgs[name], resolve=True).items() if k != "precision"}
-
-    fp32 = [a for a in p.arms if Precision(cfgs[a.name].precision.name) == Precision.fp32]
-    pairs = []
-    for arm in p.arms:
-        if Precision(cfgs[arm.name].precision.name) == Precision.fp32:
-            continue
-        base = next((b for b in fp32 if Runner(b.runner) == Runner(arm.runner) and rest(b.name) == rest(arm.name)),
-                    None)
-        if base is not None:
-            pairs.append((base.name, arm.name))
-    return pairs
-
-
-def precision_gains(arms: dict[str, dict], pairs: list[tuple[str, str]]) -> list[dict]:
-    """Each pair's samples/s ratio (medians over seeds) and metric difference (mean of the per-seed
-    differences, in points), from the arms' measured numbers."""
-    gains = []
-    for base, arm in pairs:
-        a, b = arms[arm], arms[base]
-        per_seed = [x - y for x, y in zip(a["metric_per_seed"], b["metric_per_seed"], strict=True)]
-        gains.append(dict(runner=a["runner"], fp32=base, arm=arm, precision=a["precision"],
-                          ratio=a["samples_per_second"] / b["samples_per_second"],
-                          metric_difference=mean(per_seed), metric_difference_per_seed=per_seed))
-    return gains
-
-
-def by_precision(arms: dict[str, dict], gains: list[dict]) -> list[dict]:
-    """ampft against the Trainer in each precision, for every Trainer pair and ampft pair of the same
-    precision: samples/s ratios and metric differences in fp32 and in the other precision, and how ampft's
-    gain from that precision compares with the Trainer's."""
-    out = []
-    for t in (g for g in gains if g["runner"] == Runner.trainer.value):
-        for a in (g for g in gains if g["runner"] == Runner.ampft.value and g["precision"] == t["precision"]):
-            rows = []
-            for key in ("fp32", "arm"):
-                ta, aa = arms[t[key]], arms[a[key]]
-                rows.append(dict(precision=aa["precision"], trainer=t[key], ampft=a[key],
-                                 ratio=aa["samples_per_second"] / ta["samples_per_second"],
-                                 metric_difference=mean(x - y for x, y in zip(aa["metric_per_seed"],
-                                                                              ta["metric_per_seed"], strict=True))))
-            out.append(dict(precision=t["precision"], trainer_gain=t["ratio"], ampft_gain=a["ratio"],
-                            gain_ratio=a["ratio"] / t["ratio"], gain_at_least_trainer=a["ratio"] >= t["ratio"],
-                            rows=rows))
-    return out
+    arms = [dict(name=a["name"], runner=a["runner"], overrides=a["overrides"]) for a in c["arms"]]
+    b = dict(name=c["name"], modes=["accuracy"], model=option("model", "minilm-l6"), task=option("task", "demo"),
+             seq_len=setup["max_length"], batch_size=setup["batch_size"], overrides=c["overrides"], extra=c.get("extra", []),
+             baseline=next((a["name"] for a in arms if a["runner"] == Runner.trainer.value), arms[0]["name"]),
+             arms=arms, targets=c.get("targets", []),
+             accuracy=dict(seeds=setup["seeds"], overrides=[], isolate=True, tolerance=c.get("accuracy_tolerance", 1.0),
+                           reference=c.get("accuracy_reference", []), profile_steps=c.get("profile_steps", 0)),
+             peak_tflops={setup["precision"]: c["peak_tflops"]} if c.get("peak_tflops") else {})
+    runs = [dict(loss_curve=[]) | {RENAMED.get(k, k): v for k, v in r.items()} | dict(
+        metric=r["eval"].get(setup["metric"]), main_metric=setup["metric"], diverged=False, error=None,
+        precision_requested=r["precision"], loss_scale_trace=[], eval_curve=[]) for r in old["runs"]]
+    requested = old.get("seeds_requested") or setup["seeds"]
+    res = dict(benchmark=b, environment=old["environment"], command=old["command"], speed=None,
+               accuracy=dict(runs=runs), sources=old.get("sources"),
+               partial_seeds=setup["seeds"] if len(requested) > len(setup["seeds"]) else None)
+    if res["partial_seeds"]:
+        res["benchmark"]["accuracy"]["seeds"] = requested
+    return resummarize(res)

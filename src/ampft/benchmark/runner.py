@@ -1,4 +1,6 @@
-"""check → speed arms → accuracy arms × seeds → statistics and claims → results.json/csv, report.md, PNGs."""
+"""check → speed arms → accuracy arms × seeds (in this process, or each in its own: the Trainer's, and every run
+with accuracy.isolate) → statistics, claims and targets → results.json/csv, report.md, PNGs, rewritten after every
+seed so that a benchmark stopped midway keeps what it measured."""
 
 from __future__ import annotations
 
@@ -11,8 +13,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from ampft.benchmark import budget, environment, results, stats
-from ampft.benchmark.accuracy import run_seed
-from ampft.benchmark.config import CONF_DIR, BenchmarkConfigError, Mode, arms_for, check
+from ampft.benchmark.accuracy import epoch_flops, run_isolated, run_seed
+from ampft.benchmark.config import CONF_DIR, BenchmarkConfigError, Mode, Runner, arms_for, check
 from ampft.benchmark.report import write_outputs
 from ampft.benchmark.speed import measure_arm, pilot_batch_size
 from ampft.config import ConfigError
@@ -191,11 +193,22 @@ def run_benchmark(b: DictConfig, out_dir: Path, conf_dir: Path = CONF_DIR, comma
         res["speed"] = dict(raw=raw, arms=arms)
         res["speed"]["predicted"] = predict_arms({r["arm"]: cfgs[(Mode.speed.value, r["arm"], None)] for r in raw}, env)
 
+    def finish(partial: list[int] | None = None) -> Path:
+        res.pop("partial_seeds", None)
+        if partial:
+            res["partial_seeds"] = partial
+        res["budget"] = dict(run.budget.summary(), pilot_step_seconds=run.pilots,
+                             step_time_vs_baseline={k: round(v, 3) for k, v in run.ratios.items()})
+        res["claims"] = results.evaluate_claims(res)
+        return write_outputs(res, out_dir)
+
     if run.acc_arms:
         names = [a.name for a in run.acc_arms]
+        by_name = {a.name: a for a in run.acc_arms}
         seeds = list(b.accuracy.seeds)
         pending = budget.seed_major(names, seeds, b.baseline)
         runs: list[dict] = []
+        flops_of: dict[str, tuple[int, float] | None] = {}
         bound = _first_run_bound(run, cfgs[(Mode.accuracy.value, pending[0][0], pending[0][1])])
         if b.budget_minutes is not None and bound is not None and bound[0] > run.budget.left():
             run.budget.cut(", ".join(names), "accuracy", "skipped", "no accuracy runs",
@@ -210,26 +223,38 @@ def run_benchmark(b: DictConfig, out_dir: Path, conf_dir: Path = CONF_DIR, comma
                 if not pending:
                     break
             arm_name, seed = pending.pop(0)
+            arm = by_name[arm_name]
             remaining = None if per_run is None else per_run[arm_name] + sum(per_run[a] for a, _ in pending)
             run.progress(f"accuracy run {len(runs) + 1}/{len(runs) + len(pending) + 1}: {arm_name}, seed {seed}",
                          remaining)
             cfg = cfgs[(Mode.accuracy.value, arm_name, seed)]
+            run_dir = out_dir / "arms" / "accuracy" / arm_name / f"seed{seed}"
             tic = run.budget.elapsed()
-            with environment.OtherLoad() as other:
-                record = run_seed(cfg, out_dir / "arms" / "accuracy" / arm_name / f"seed{seed}", arm_name, seed)
+            if Runner(arm.runner) == Runner.trainer or b.accuracy.isolate:
+                record = run_isolated(arm, cfg, run_dir, b.accuracy.profile_steps)
+            else:
+                with environment.OtherLoad() as other:
+                    record = run_seed(cfg, run_dir, arm_name, seed)
+                record["other_cpu_share"] = other.share
             run.run_seconds.setdefault(arm_name, []).append(run.budget.elapsed() - tic)
-            runs.append(dict(record, other_cpu_share=other.share))
-        runs.sort(key=lambda r: (names.index(r["arm"]), seeds.index(r["seed"])))
-        ran = [n for n in names if any(r["arm"] == n for r in runs)]
-        res["accuracy"] = dict(runs=runs, arms=results.summarize_accuracy(runs, ran, b.baseline))
+            key = OmegaConf.to_yaml(OmegaConf.masked_copy(cfg, ["model", "task"]))  # FLOPs per model and data
+            if key not in flops_of:  # between the timed runs
+                flops_of[key] = epoch_flops(cfg)
+            if flops_of[key] and record.get("train_seconds"):
+                record["train_examples"], per_epoch = flops_of[key]
+                record["model_tflops"] = per_epoch * record["epochs"] / record["train_seconds"] / 1e12
+            runs.append(record)
+            log.info("  %s seed %d: %s samples/s, %s", arm_name, seed, record.get("train_samples_per_second"),
+                     record.get("eval"))
+            runs.sort(key=lambda r: (names.index(r["arm"]), seeds.index(r["seed"])))
+            res["accuracy"] = results.summarize_accuracy(b, runs, env, cfgs)
+            if pending and pending[0][1] != seed:  # a seed done: the report so far, marked partial
+                finish(partial=sorted({r["seed"] for r in runs}, key=seeds.index))
 
-    res["budget"] = dict(run.budget.summary(), pilot_step_seconds=run.pilots,
-                         step_time_vs_baseline={k: round(v, 3) for k, v in run.ratios.items()})
-    if run.budget.seconds is not None and not res["budget"]["within"]:
+    if run.budget.seconds is not None and not run.budget.summary()["within"]:
         log.warning("the benchmark took %s, over its budget of %s (benchmark.budget_minutes): see the report",
                     budget.fmt_seconds(run.budget.elapsed()), budget.fmt_seconds(run.budget.seconds))
-    res["claims"] = results.evaluate_claims(res)
-    return write_outputs(res, out_dir)
+    return finish()
 
 
 def _first_run_bound(run: _Run, cfg: DictConfig) -> tuple[float, str] | None:

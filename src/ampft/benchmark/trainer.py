@@ -1,7 +1,6 @@
-"""One arm of the comparison with the Trainer, in its own process (`python -m ampft.benchmark.trainer SPEC OUT`,
-started by `peer`): the spec
-file holds the runner, the arm's resolved finetune config and its directory; the arm writes its
-measurements as JSON to OUT.
+"""An accuracy run in its own process (`python -m ampft.benchmark.trainer SPEC OUT`, started by
+`accuracy.run_isolated`): the spec file holds the runner, the arm, its resolved finetune config and its
+directory; the run writes its record as JSON to OUT.
 
 - `run_trainer`: a run_glue-style script. `transformers.Trainer` with the same model weights, examples
   (ampft's loader, so `task.max_train_samples` etc. apply alike), batch size, learning rate, epochs,
@@ -9,7 +8,7 @@ measurements as JSON to OUT.
   (max_length: run_glue's default `pad_to_max_length`; longest: `DataCollatorWithPadding`, rounded up to
   a multiple of 8 under fp16 only, as run_glue does), `trainer.group_by_length` and `trainer.compile`;
   everything else is the Trainer's default.
-- ampft: `accuracy.run_seed`, the run accuracy mode makes, with the arm's finetune config.
+- ampft: `accuracy.run_seed`, the run accuracy mode makes in-process.
 
 Both return the same record keys, among them the training log (`loss_curve`: [optimizer step, mean loss since
 the last log, the step's learning rate], every `trainer.log_every` steps on both sides), and with
@@ -38,7 +37,7 @@ from ampft.tasks.classification import texts
 from ampft.tracking import peak_memory_bytes
 
 
-def run_trainer(cfg: DictConfig, out_dir: Path) -> dict:
+def run_trainer(cfg: DictConfig, out_dir: Path, arm: str) -> dict:
     """A run_glue-style fine-tuning with transformers.Trainer (see the module docstring)."""
     import numpy as np
     import transformers
@@ -93,12 +92,19 @@ def run_trainer(cfg: DictConfig, out_dir: Path) -> dict:
     tokens = sum(data["train"]["length"]) * epochs
     device = trainer.args.device
     peak, peak_kind = peak_memory_bytes(device)
+    main = cfg.task.main_metric
+    curve = [[h["step"], h["loss"], h["learning_rate"]] for h in trainer.state.log_history if "loss" in h]
+    evals = {k.removeprefix("eval_"): v for k, v in ev.items() if k in ("eval_accuracy", "eval_loss")}
     return dict(
+        arm=arm, seed=tr.seed, runner=Runner.trainer.value, run_dir=str(out_dir / "trainer"),
+        precision_requested=cfg.precision.name.value, main_metric=main, diverged=False, error=None,
+        metric=evals.get(main), loss_scale_trace=[], eval_curve=[],
+        train_loss=train["train_loss"], train_loss_last=curve[-1][1] if curve else None, skipped_steps=None, loss_scale_final=None,
         train_samples_per_second=train["train_samples_per_second"],
         train_tokens_per_second=tokens / train["train_runtime"],
         train_seconds=train["train_runtime"], setup_seconds=setup_seconds, steps=trainer.state.global_step,
-        epochs=epochs, eval={k.removeprefix("eval_"): v for k, v in ev.items() if k in ("eval_accuracy", "eval_loss")},
-        loss_curve=[[h["step"], h["loss"], h["learning_rate"]] for h in trainer.state.log_history if "loss" in h],
+        epochs=epochs, eval=evals,
+        loss_curve=curve,
         attn_implementation=model.config._attn_implementation, device=str(device),
         precision=cfg.precision.name.value, peak_memory_bytes=peak, peak_memory_kind=peak_kind,
     )
@@ -112,11 +118,8 @@ def main(spec_path: str, out_path: str) -> None:
     out_dir = Path(spec["out_dir"])
     def train(cfg: DictConfig, out_dir: Path) -> dict:
         if Runner(spec["runner"]) == Runner.trainer:
-            return run_trainer(cfg, out_dir)
-        record = run_seed(cfg, out_dir / "run", spec["arm"], cfg.trainer.seed)
-        if record["diverged"]:  # a comparison needs every arm's metric: fail the arm, as the Trainer would
-            raise SystemExit(f"arm {spec['arm']} diverged: {record['error']}")
-        return record
+            return run_trainer(cfg, out_dir, spec["arm"])
+        return run_seed(cfg, out_dir / "run", spec["arm"], cfg.trainer.seed)
 
     if spec.get("profile_steps"):
         with StepProfiler(spec["profile_steps"]) as prof:

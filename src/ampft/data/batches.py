@@ -114,7 +114,7 @@ class LengthChunks:
 
 def length_chunks(cfg: DictConfig, device: torch.device) -> int:
     """trainer.length_chunks, or (null) 4 on CPU and 1 on CUDA (measured on CPU only; on a GPU try it with
-    the peer benchmark). 1 under DeepSpeed, whose engine counts micro-batches itself; under torch.compile,
+    `make benchmark-peer`). 1 under DeepSpeed, whose engine counts micro-batches itself; under torch.compile,
     whose static shapes would recompile for every new chunk size; and with padding=max_length, where every
     chunk would be as wide as the batch."""
     tr = cfg.trainer
