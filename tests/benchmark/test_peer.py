@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -14,7 +15,8 @@ from omegaconf import OmegaConf
 
 from ampft.benchmark import BenchmarkConfigError, check, rerender, run_benchmark, write_outputs
 from ampft.benchmark import runner as benchmark_runner
-from ampft.benchmark.results import from_comparison, paired_accuracy, precision_pairs, summarize_accuracy
+from ampft.benchmark.report import render
+from ampft.benchmark.results import paired_accuracy, precision_pairs, resummarize, summarize_accuracy
 from tests.helpers import CONF, ROOT, compose_config, shared
 
 PEER_CONFIGS = sorted(p.stem for p in (CONF / "benchmark").glob("peer-*.yaml"))
@@ -444,19 +446,15 @@ def test_combine_refuses_runs_that_are_not_one_comparison_and_names_every_reason
         combine([tmp_path / "a", tmp_path / "d"], tmp_path / "out")
 
 
-def test_a_comparison_saved_by_the_former_recipe_renders_and_combines(tmp_path):
-    """results.json files of the former comparison recipe (docs/benchmarks/peer-sst2*) are read as benchmark
-    results: the same arms, seeds and measurements, summarized again (medians, paired checks, targets)."""
+def test_the_saved_reports_are_what_their_results_render():
+    """Every report.md under docs/benchmarks is rendered by this code from the results.json beside it, its
+    accuracy statistics summarized again from the raw runs: the numbers the docs cite are reproducible."""
     shared("sst2")
-    source = ROOT / "docs" / "benchmarks" / "peer-sst2-seeds"
-    old = json.loads((source / "results.json").read_text())
-    res = from_comparison(old)
-    assert [a["name"] for a in res["benchmark"]["arms"]] == [a["name"] for a in old["config"]["arms"]]
-    arms = {a["arm"]: a for a in res["accuracy"]["arms"]}
-    for name, a in old["arms"].items():
-        assert arms[name]["samples_per_second"] == pytest.approx(a["samples_per_second"])
-        assert 100 * arms[name]["metric"]["mean"] == pytest.approx(a["metric"])
-    (tmp_path / "old").mkdir()
-    (tmp_path / "old" / "results.json").write_text(json.dumps(old))
-    md = rerender(tmp_path / "old").read_text()
-    assert "ampft vs the Hugging Face Trainer" in md and "### Targets" in md
+    saved = sorted((ROOT / "docs" / "benchmarks").rglob("results.json"))
+    assert len(saved) >= 10
+    for path in saved:
+        res = json.loads(path.read_text())
+        again = resummarize(res)
+        assert again["accuracy"]["arms"] == res["accuracy"]["arms"], path
+        md = (path.parent / "report.md").read_text()
+        assert render(res, re.findall(r"\]\(([a-z_]+\.png)\)", md)) == md, path

@@ -1,9 +1,8 @@
 """Seeds measured in separate runs → one report: `python -m ampft.benchmark.combine OUT RUN_DIR...`.
 
 A multi-seed benchmark often runs in pieces (seed 1 today, seeds 2-3 tonight, a stopped run finished by
-another). `combine` reads each run's results.json (accuracy mode; a former comparison's through
-`results.from_comparison`) and writes OUT's results.json, report.md and plots over all their seeds, summarized
-exactly as if they had run together (`results.resummarize`). It refuses what would not be one benchmark:
+another). `combine` reads each run's results.json (accuracy mode) and writes OUT's results.json, report.md and
+plots over all their seeds, summarized exactly as if they had run together (`results.resummarize`). It refuses what would not be one benchmark:
 
 - another setup (model, task, length, batch, shared and accuracy overrides, isolation), or an arm of the same
   name with another runner or overrides;
@@ -23,7 +22,7 @@ from pathlib import Path
 
 from ampft.benchmark.config import BenchmarkConfigError
 from ampft.benchmark.report import write_outputs
-from ampft.benchmark.results import from_comparison, resummarize
+from ampft.benchmark.results import resummarize
 from ampft.errors import exit_on_error
 
 # What makes two runs' timings comparable; the date, load and kernel release may differ.
@@ -51,7 +50,6 @@ def combine(run_dirs: list[str | Path], out_dir: str | Path, command: str | None
         except (OSError, ValueError) as exc:
             problems.append(f"{d}: no readable results.json ({exc}); give directories written by recipes/benchmark.py")
             continue
-        old = old if "benchmark" in old else from_comparison(old)
         if not (old.get("accuracy") or {}).get("runs"):
             problems.append(f"{d}: no accuracy runs; combine merges accuracy mode's seeds")
         olds.append(old)

@@ -12,7 +12,7 @@ from ampft.benchmark import plots
 from ampft.benchmark.budget import fmt_seconds
 from ampft.benchmark.config import Runner
 from ampft.benchmark.profile import SKIP, WARMUP
-from ampft.benchmark.results import NOT_CHECKED, NOT_REPRODUCED, REPRODUCED, from_comparison
+from ampft.benchmark.results import NOT_CHECKED, NOT_REPRODUCED, REPRODUCED
 from ampft.benchmark.stats import ratio
 from ampft.devices import cpu_half_support
 from ampft.extras import MissingExtraError
@@ -206,8 +206,9 @@ def render(results: dict, plots: list[str] | None = None) -> str:
     base = b["baseline"]
     cuda = env["device_type"] == "cuda"
     trainers = [a["arm"] for a in acc_arms if a["runner"] == Runner.trainer.value]
-    what = "ampft vs the Hugging Face Trainer" if trainers else "precision A/B"
-    out: list[str] = [f"# Benchmark `{b['name']}`: {what}", ""]
+    precisions = {a["precision"] for a in [*speed, *acc_arms]}
+    what = ": ampft vs the Hugging Face Trainer" if trainers else ": precision A/B" if len(precisions) > 1 else ""
+    out: list[str] = [f"# Benchmark `{b['name']}`{what}", ""]
     out += [f"Measured {env['date']} on {device_text(env)}. Command: `{results.get('command', '')}`.", ""]
     if sources := results.get("sources"):  # `combine`: seeds measured in separate runs
         out += [f"Combined from {len(sources)} runs of this setup on this machine (`ampft.benchmark.combine`), "
@@ -253,7 +254,7 @@ def render(results: dict, plots: list[str] | None = None) -> str:
     if "accuracy" in b["modes"]:
         isolated = "each run in its own process, one at a time, with a cold tokenization cache; wall time is the " \
             "process's (imports, model, tokenization, training, evaluation)" if b["accuracy"].get("isolate") else \
-            "ampft's runs in this process, the Trainer's each in its own"
+            "ampft's runs in this process" + (", the Trainer's each in its own" if trainers else "")
         lines.append(f"- accuracy: full fine-tuning runs per arm for seeds {b['accuracy']['seeds']} "
                      f"(the seed fixes initialisation and data order, the same in every arm); overrides "
                      f"{b['accuracy']['overrides']}; {isolated}")
@@ -492,7 +493,7 @@ def _precision_section(results: dict, arms: dict[str, dict], metric: str) -> lis
             native = "AVX512-BF16 or AMX-BF16" if prec == "bf16" else "AVX512-FP16 or AMX-FP16"
             out += [(f"This CPU has {' and '.join(have)}, native {prec} arithmetic." if have else
                      f"This CPU has no native {prec} arithmetic (no {native}): its {prec} gains say little about a "
-                     "CPU that has it.") + " The CPU's model and flags: Hardware and software, below.", ""]
+                     "CPU that has it.") + " The CPU's model and flags: Hardware and software, above.", ""]
     return out
 
 
@@ -544,7 +545,5 @@ def write_outputs(res: dict, out_dir: Path) -> Path:
 
 
 def rerender(out_dir: str | Path) -> Path:
-    """Every output of a saved run again from its results.json (after a change to the report code); one written
-    by the former comparison recipe is converted first (`results.from_comparison`)."""
-    res = json.loads((Path(out_dir) / "results.json").read_text())
-    return write_outputs(res if "benchmark" in res else from_comparison(res), out_dir)
+    """Every output of a saved run again from its results.json (after a change to the report code)."""
+    return write_outputs(json.loads((Path(out_dir) / "results.json").read_text()), out_dir)

@@ -264,13 +264,14 @@ def _same_accuracy(a: dict | None) -> tuple[str, str]:
 
 
 def evaluate_claims(results: dict) -> list[dict]:
-    """The published claims judged on this run's ampft arms; none for a benchmark with a Trainer arm (they are
-    about ampft's precisions, a comparison has targets instead)."""
+    """The published claims judged on this run's ampft arms; none for a benchmark with a Trainer arm (a
+    comparison has targets instead) or with one precision (the claims compare precisions)."""
     b, env = results["benchmark"], results["environment"]
-    if any(a.get("runner") == Runner.trainer.value for a in b["arms"]):
-        return []
     speed = (results.get("speed") or {}).get("arms", [])
     acc = {a["arm"]: a for a in (results.get("accuracy") or {}).get("arms", [])}
+    if (any(a.get("runner") == Runner.trainer.value for a in b["arms"])
+            or len({a["precision"] for a in [*speed, *acc.values()]}) < 2):
+        return []
     baseline = b["baseline"]
     base, same = _comparable(speed, baseline)
     base_acc = acc.get(baseline)
@@ -403,36 +404,3 @@ def resummarize(res: dict) -> dict:
     res["accuracy"] = summarize_accuracy(b, runs, res["environment"], check(b))
     res["claims"] = evaluate_claims(res)
     return res
-
-
-RENAMED = {"samples_per_second": "train_samples_per_second", "tokens_per_second": "train_tokens_per_second",
-           "train_log": "loss_curve", "other_load": "other_cpu_share"}
-
-
-def from_comparison(old: dict) -> dict:
-    """A results.json written by the former comparison recipe (recipes/peer.py: `config`, `setup`, `runs`) as
-    the benchmark's own: an accuracy-only benchmark of isolated runs with the same overrides, arms, seeds,
-    targets and references, summarized again; `rerender` and `combine` read old comparisons through it."""
-    c, setup = old["config"], old["setup"]
-
-    def option(group: str, default: str) -> str:
-        return next((o.split("=", 1)[1] for o in c["overrides"] if o.startswith(f"{group}=")), default)
-
-    arms = [dict(name=a["name"], runner=a["runner"], overrides=a["overrides"]) for a in c["arms"]]
-    b = dict(name=c["name"], modes=["accuracy"], model=option("model", "minilm-l6"), task=option("task", "demo"),
-             seq_len=setup["max_length"], batch_size=setup["batch_size"], overrides=c["overrides"], extra=c.get("extra", []),
-             baseline=next((a["name"] for a in arms if a["runner"] == Runner.trainer.value), arms[0]["name"]),
-             arms=arms, targets=c.get("targets", []),
-             accuracy=dict(seeds=setup["seeds"], overrides=[], isolate=True, tolerance=c.get("accuracy_tolerance", 1.0),
-                           reference=c.get("accuracy_reference", []), profile_steps=c.get("profile_steps", 0)),
-             peak_tflops={setup["precision"]: c["peak_tflops"]} if c.get("peak_tflops") else {})
-    runs = [dict(loss_curve=[]) | {RENAMED.get(k, k): v for k, v in r.items()} | dict(
-        metric=r["eval"].get(setup["metric"]), main_metric=setup["metric"], diverged=False, error=None,
-        precision_requested=r["precision"], loss_scale_trace=[], eval_curve=[]) for r in old["runs"]]
-    requested = old.get("seeds_requested") or setup["seeds"]
-    res = dict(benchmark=b, environment=old["environment"], command=old["command"], speed=None,
-               accuracy=dict(runs=runs), sources=old.get("sources"),
-               partial_seeds=setup["seeds"] if len(requested) > len(setup["seeds"]) else None)
-    if res["partial_seeds"]:
-        res["benchmark"]["accuracy"]["seeds"] = requested
-    return resummarize(res)
