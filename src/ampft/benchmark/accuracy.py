@@ -1,10 +1,8 @@
 """Accuracy mode's runs: one full fine-tuning of an arm and seed, read back into one record, whoever trains it.
 
-- `run_seed`: `ampft.finetune.run` in this process, read back from the run's summary and metrics.jsonl (loss
-  curve with the learning rate; fp16: loss-scale trace and skipped steps). A diverged run is a result.
-- `run_isolated`: the same run, or the Trainer's (`trainer.run_trainer`), in its own process
-  (`python -m ampft.benchmark.trainer SPEC OUT`) with a cold tokenization cache, timed from outside: the
-  wall seconds are the whole process's (imports, model, tokenization, training, evaluation).
+- `run_seed`: `ampft.finetune.run` in this process, read back from its summary and metrics.jsonl.
+- `run_isolated`: the same run, or the Trainer's (`trainer.run_trainer`), in its own process with a cold
+  tokenization cache, timed from outside (imports, model, tokenization, training, evaluation).
 - `epoch_flops`: the model FLOPs of an epoch over the non-padding tokens, for model TFLOP/s and MFU.
 """
 
@@ -34,16 +32,9 @@ from ampft.tasks.classification import texts
 log = logging.getLogger(__name__)
 
 
-def read_events(run_dir: Path) -> list[dict]:
-    path = Path(run_dir) / "metrics.jsonl"
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 def run_seed(cfg: DictConfig, run_dir: Path, arm: str, seed: int) -> dict:
-    """Train one (arm, seed) with ampft in this process; a diverged run is a result (metric None, the error
-    kept), not a crash."""
+    """Train one (arm, seed) with ampft in this process: the loss curve with the learning rate, fp16's loss-scale
+    trace; a diverged run is a result (metric None, the error kept), not a crash."""
     run_dir = Path(run_dir)
     error = None
     try:
@@ -51,7 +42,8 @@ def run_seed(cfg: DictConfig, run_dir: Path, arm: str, seed: int) -> dict:
     except TrainingDiverged as exc:
         log.warning("arm %s seed %d diverged: %s", arm, seed, str(exc).splitlines()[0])
         summary, error = None, str(exc)
-    events = read_events(run_dir)
+    path = run_dir / "metrics.jsonl"
+    events = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
     train = [e for e in events if e["event"] == "train"]
     record = dict(
         arm=arm, seed=seed, runner=Runner.ampft.value, run_dir=str(run_dir),

@@ -1,29 +1,12 @@
 """The benchmark's time budget (`benchmark.budget_minutes`): project each arm's cost from its measured step
-time, cut what would not fit, and say what was cut and why.
+time, cut what would not fit, and say what was cut and why. The policy: docs/benchmarks/README.md#the-time-budget.
 
-The policy (docs/benchmarks/README.md#the-time-budget):
-
-- Nothing is cut unmeasured. Each speed arm first takes two *pilot* steps at a quarter of its batch (the second, free of
-  one-time costs, is timed; its ratio to the baseline's projects the arm's full-batch step), then its
-  warm-up steps and two timed steps (the *probe*).
-- Speed mode may use `SPEED_SHARE` of the budget when accuracy mode follows (all of it otherwise), keeping
-  room for the speed arms not yet measured: each at least its build, pilots, warm-up and probe (estimated
-  like the arm being decided), since those are measured before anything of theirs is cut.
-- A speed arm that does not fit loses, in this order: its memory sweep; its timed steps after the probe;
-  and, where even the warm-up and probe would not fit after its pilot, the whole arm (its pilot ratio is
-  still reported).
-- Before the first accuracy run, its training time is bounded from the baseline's speed-mode step time
-  (its steps and batch, every row at full length); if even that bound exceeds what is left of the budget,
-  accuracy mode is skipped.
-- Accuracy runs go seed by seed (seed 1 of every arm, baseline first, then seed 2, ...), so a cut keeps
-  complete pairs. Before each run the rest is projected: an arm's run costs its own mean where it has run,
-  else the baseline's mean run times its speed-mode step-time ratio. While that does not fit: (1) the
-  slowest non-baseline arm's remaining runs are skipped, as long as another non-baseline arm is left;
-  (2) the last seed is dropped from every arm, down to two seeds (the fewest that give an interval);
-  (3) the last non-baseline arm is skipped, and with it the baseline's remaining runs (they would compare
-  with nothing); (4) with a single arm, seeds are dropped down to one. The first accuracy run (the
-  baseline's first seed, once its bound fits) and every pilot always run; the baseline's speed arm is
-  never skipped, only shortened. What still does not fit runs over the budget, and the report says so.
+Nothing is cut unmeasured: a speed arm's pilot steps, and then its warm-up and probe, come before any decision
+on it, so room is kept for each speed arm not yet measured. A speed arm loses its memory sweep, then its timed
+steps after the probe, then (its pilot showing even the probe would not fit) everything but the pilot. Accuracy
+runs go seed by seed so a cut keeps complete pairs; `plan_accuracy` drops, in order, the slowest non-baseline
+arm, seeds down to two, the last non-baseline arm with the baseline's remaining runs, and (a single arm) seeds
+down to one. What cannot be cut runs over the budget, and the report says so.
 """
 
 from __future__ import annotations
@@ -45,7 +28,7 @@ def fmt_seconds(s: float | None) -> str:
 
 
 def slower(ratio: float | None, baseline: str) -> str:
-    """'21x slower than fp32', '1.6x faster than fp32', 'as fast as fp32'."""
+    """'21x slower than fp32', '1.6x faster than fp32', 'about as fast as fp32'."""
     if ratio is None:
         return f"speed relative to {baseline} unknown"
     if ratio >= 1.05:
@@ -77,10 +60,9 @@ class Budget:
                               at_seconds=round(self.elapsed(), 1)))
 
     def summary(self) -> dict:
-        used = self.elapsed()
-        return dict(minutes=None if self.seconds is None else self.seconds / 60, seconds_used=round(used, 1),
-                    within=None if self.seconds is None else used <= self.seconds, speed_share=SPEED_SHARE,
-                    cuts=self.cuts)
+        used, total = self.elapsed(), self.seconds
+        return dict(minutes=None if total is None else total / 60, seconds_used=round(used, 1),
+                    within=None if total is None else used <= total, speed_share=SPEED_SHARE, cuts=self.cuts)
 
 
 # --- speed mode -----------------------------------------------------------------------------------
@@ -121,14 +103,11 @@ def plan_accuracy(left: float, pending: list[tuple[str, int]], per_run: dict[str
     ("arm", name) or ("seed", seed). per_run: the projected seconds of one run of each pending arm."""
     keep = list(pending)
     drops: list[tuple[str, str | int]] = []
-
-    def cost() -> float:
-        return sum(per_run[a] for a, _ in keep)
-
-    while keep and cost() > left:
+    while keep and sum(per_run[a] for a, _ in keep) > left:
         others = sorted({a for a, _ in keep if a != baseline}, key=lambda a: -per_run[a])
-        seeds = sorted({s for _, s in keep} | seeds_done)
-        last = seeds[-1] if seeds[-1] in {s for _, s in keep} else None
+        pending_seeds = {s for _, s in keep}
+        seeds = sorted(pending_seeds | seeds_done)
+        last = seeds[-1] if seeds[-1] in pending_seeds else None
         if len(others) > 1:
             drop = [("arm", others[0])]
         elif last is not None and len(seeds) > 2:

@@ -31,14 +31,12 @@ def _empty(ax, text: str) -> None:
 def throughput(results: dict, path: Path) -> None:
     fig, ax = _figure()
     arms = results["speed"]["arms"]
-    names = [a["arm"] for a in arms]
     med = [a["tokens_per_second"]["median"] for a in arms]
     lo = [m - a["tokens_per_second"]["q1"] for m, a in zip(med, arms, strict=True)]
     hi = [a["tokens_per_second"]["q3"] - m for m, a in zip(med, arms, strict=True)]
-    labels = [f"{n}\n{a['speedup']:.2f}x" if a.get("speedup") else n for n, a in zip(names, arms, strict=True)]
+    labels = [f"{a['arm']}\n{a['speedup']:.2f}x" if a.get("speedup") else a["arm"] for a in arms]
     ax.bar(labels, med, yerr=[lo, hi], capsize=4, color=[_color(a["precision"]) for a in arms])
-    ax.set_ylabel("tokens / s (median)")
-    ax.set_title(f"Throughput per arm (x: vs {results['benchmark']['baseline']})")
+    ax.set(ylabel="tokens / s (median)", title=f"Throughput per arm (x: vs {results['benchmark']['baseline']})")
     ax.margins(y=0.15)
     fig.savefig(path)
 
@@ -46,25 +44,23 @@ def throughput(results: dict, path: Path) -> None:
 def memory(results: dict, path: Path) -> None:
     fig, ax = _figure()
     arms = results["speed"]["arms"]
-    names = [a["arm"] for a in arms]
     cuda = results["environment"]["device_type"] == "cuda"
     alloc = [(a["peak_memory_bytes"] or 0) / 2**30 for a in arms]
+    colors = [_color(a["precision"]) for a in arms]
     if cuda:
         x = range(len(arms))
-        ax.bar([i - 0.2 for i in x], alloc, width=0.4, label="peak allocated",
-               color=[_color(a["precision"]) for a in arms])
+        ax.bar([i - 0.2 for i in x], alloc, width=0.4, label="peak allocated", color=colors)
         ax.bar([i + 0.2 for i in x], [(a["peak_reserved_bytes"] or 0) / 2**30 for a in arms], width=0.4,
                label="peak reserved", color="#bbbbbb")
-        ax.set_xticks(list(x), names)
+        ax.set_xticks(list(x), [a["arm"] for a in arms])
         ax.legend()
     else:
-        ax.bar(names, alloc, color=[_color(a["precision"]) for a in arms])
+        ax.bar([a["arm"] for a in arms], alloc, color=colors)
     for i, a in enumerate(arms):
         if a.get("memory_vs_baseline") is not None:
             ax.annotate(f"{100 * a['memory_vs_baseline']:.0f}%", (i, alloc[i]), ha="center", va="bottom",
                         xytext=(0, 4), textcoords="offset points")
-    ax.set_ylabel("GiB")
-    ax.set_title("Peak memory per arm" + ("" if cuda else " (process peak RSS, CPU)"))
+    ax.set(ylabel="GiB", title="Peak memory per arm" + ("" if cuda else " (process peak RSS, CPU)"))
     ax.margins(y=0.15)
     fig.savefig(path)
 
@@ -73,50 +69,46 @@ def memory_vs_batch(results: dict, path: Path) -> None:
     fig, ax = _figure()
     cuda = results["environment"]["device_type"] == "cuda"
     key = "peak_allocated_bytes" if cuda else "peak_rss_bytes"
-    drawn = False
+    sizes = set()
     for r in results["speed"]["raw"]:
         pts = [p for p in r["sweep"] if p["fits"]]
         if not pts:
             continue
-        drawn = True
         xs, ys = [p["batch_size"] for p in pts], [p[key] / 2**30 for p in pts]
+        sizes.update(xs)
         ax.plot(xs, ys, marker="o", label=r["arm"], color=_color(r["precision"]),
                 linestyle="-" if r["attn_implementation"] == "sdpa" else "--")
         oom = [p["batch_size"] for p in r["sweep"] if not p["fits"]]
         if oom:
             ax.annotate(f"OOM at {oom[0]}", (xs[-1], ys[-1]), xytext=(4, -10), textcoords="offset points",
                         fontsize=8)
-    if not drawn:
+    if not sizes:
         _empty(ax, "no memory sweep (benchmark.sweep.batch_sizes is empty)")
     else:
         ax.set_xscale("log", base=2)
-        sizes = sorted({p["batch_size"] for r in results["speed"]["raw"] for p in r["sweep"] if p["fits"]})
-        ax.set_xticks(sizes, [str(n) for n in sizes])
+        ax.set_xticks(sorted(sizes), [str(n) for n in sorted(sizes)])
         ax.minorticks_off()
-        ax.set_xlabel("batch size")
-        ax.set_ylabel("GiB" + (" (peak allocated)" if cuda else " (process peak RSS)"))
-        ax.set_title("Peak memory versus batch size")
+        ax.set(xlabel="batch size", ylabel="GiB" + (" (peak allocated)" if cuda else " (process peak RSS)"),
+               title="Peak memory versus batch size")
         ax.legend()
     fig.savefig(path)
 
 
 def loss_curves(results: dict, path: Path) -> None:
     fig, ax = _figure()
-    runs = (results.get("accuracy") or {}).get("runs", [])
     seen = set()
-    for r in runs:
+    for r in (results.get("accuracy") or {}).get("runs", []):
         if not r["loss_curve"]:
             continue
         steps, losses = zip(*(point[:2] for point in r["loss_curve"]), strict=True)  # [step, loss, lr]
-        label = None if r["arm"] in seen else r["arm"]
+        ax.plot(steps, losses, color=_color(r["precision"]), alpha=0.7, linewidth=1.2,
+                label=None if r["arm"] in seen else r["arm"])
         seen.add(r["arm"])
-        ax.plot(steps, losses, color=_color(r["precision"]), alpha=0.7, linewidth=1.2, label=label)
     if not seen:
         _empty(ax, "no accuracy runs")
     else:
-        ax.set_xlabel("optimizer step")
-        ax.set_ylabel("training loss (logging window mean)")
-        ax.set_title("Loss curves (one line per seed)")
+        ax.set(xlabel="optimizer step", ylabel="training loss (logging window mean)",
+               title="Loss curves (one line per seed)")
         ax.legend()
     fig.savefig(path)
 
@@ -132,23 +124,18 @@ def loss_scale(results: dict, path: Path) -> None:
         _empty(ax, "no fp16 arm in accuracy mode: no loss scale to show\n(bf16 and fp32 need no loss scaling)")
     else:
         ax.set_yscale("log", base=2)
-        ax.set_xlabel("optimizer step")
-        ax.set_ylabel("loss scale")
-        ax.set_title("fp16 dynamic loss scale")
+        ax.set(xlabel="optimizer step", ylabel="loss scale", title="fp16 dynamic loss scale")
         ax.legend(fontsize=8)
     fig.savefig(path)
 
 
 def make_plots(results: dict, out_dir: Path) -> list[str]:
     """Write the PNGs that the results have data for; return their file names."""
-    out_dir = Path(out_dir)
-    made = []
-    todo = []
+    todo = {}
     if results.get("speed"):
-        todo += [("throughput.png", throughput), ("memory.png", memory), ("memory_vs_batch.png", memory_vs_batch)]
+        todo.update({"throughput.png": throughput, "memory.png": memory, "memory_vs_batch.png": memory_vs_batch})
     if results.get("accuracy"):
-        todo += [("loss_curves.png", loss_curves), ("loss_scale.png", loss_scale)]
-    for name, fn in todo:
-        fn(results, out_dir / name)
-        made.append(name)
-    return made
+        todo.update({"loss_curves.png": loss_curves, "loss_scale.png": loss_scale})
+    for name, fn in todo.items():
+        fn(results, Path(out_dir) / name)
+    return list(todo)

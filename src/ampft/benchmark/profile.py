@@ -1,13 +1,10 @@
 """torch.profiler over a window of training steps, the same way for both runners (`benchmark.accuracy.profile_steps`).
 
-Neither training loop is touched: a global optimizer step hook (`register_optimizer_step_post_hook`, fired by
-every torch optimizer, so by the Trainer's and by ampft's alike) advances the profiler's schedule, so each
-profiled step runs from the end of one optimizer step to the end of the next: data loading, forward,
-backward, clipping, the optimizer step, the scheduler, zero_grad. A global forward pre-hook counts the
-tokens of those steps from the word embedding's input: padded (the batch's shape) and real (not the padding
-id). The first `SKIP` steps (one-time costs) and `WARMUP` more are not recorded.
-
-`summary` sorts the ops' self time (CPU, and CUDA's where there is one) into categories, per step and per
+Neither training loop is touched: a global optimizer step hook (fired by every torch optimizer, the Trainer's
+and ampft's alike) advances the profiler's schedule, so a profiled step runs from the end of one optimizer step
+to the end of the next (data loading, forward, backward, clipping, optimizer, scheduler, zero_grad). A global
+forward pre-hook counts those steps' tokens at the word embedding: padded (the batch's shape) and real (not the
+padding id). `summary` sorts the ops' self time (CUDA's where there is one) into categories, per step and per
 1,000 real tokens: what the report compares between arms.
 """
 
@@ -43,7 +40,7 @@ def category(op: str) -> str:
 
 
 class StepProfiler:
-    """`with StepProfiler(steps) as p: <train>`; then `p.summary()` and `p.table()`."""
+    """`with StepProfiler(steps) as p: <train>`; then `p.save(out_dir)`."""
 
     def __init__(self, steps: int):
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
@@ -78,9 +75,6 @@ class StepProfiler:
             self.padded += ids.numel()
             self.real += int((ids != module.padding_idx).sum())
 
-    def events(self):
-        return self.prof.key_averages() if self.recorded else []
-
     def summary(self) -> dict:
         """Per recorded step: self time by category and the top ops (ms), tokens; empty if the run was too
         short to reach the window."""
@@ -89,11 +83,11 @@ class StepProfiler:
         n, cuda = self.recorded, torch.cuda.is_available()
         by_cat: dict[str, float] = {}
         ops = []
-        for e in self.events():
-            ms = e.self_cpu_time_total / 1e3 / n
-            gpu = getattr(e, "self_device_time_total", 0) / 1e3 / n if cuda else None
+        for e in self.prof.key_averages():
             if e.key.startswith("ProfilerStep"):
                 continue
+            ms = e.self_cpu_time_total / 1e3 / n
+            gpu = getattr(e, "self_device_time_total", 0) / 1e3 / n if cuda else None
             cat = category(e.key)
             by_cat[cat] = by_cat.get(cat, 0.0) + (gpu if cuda else ms)
             ops.append(dict(op=e.key, category=cat, cpu_ms=ms, gpu_ms=gpu, calls=e.count / n))
@@ -104,11 +98,9 @@ class StepProfiler:
                     ms_per_1k_real_tokens=1e3 * total / max(self.real / n, 1),
                     categories=dict(sorted(by_cat.items(), key=lambda kv: -kv[1])), top=ops[:TOP])
 
-    def table(self) -> str:
-        sort = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
-        return self.events().table(sort_by=sort, row_limit=40) if self.recorded else "nothing recorded\n"
-
     def save(self, out_dir: Path) -> dict:
         """profile.txt (torch's table of the window) in out_dir; returns `summary()`."""
-        (Path(out_dir) / "profile.txt").write_text(self.table())
+        sort = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
+        table = self.prof.key_averages().table(sort_by=sort, row_limit=40) if self.recorded else "nothing recorded\n"
+        (Path(out_dir) / "profile.txt").write_text(table)
         return self.summary()

@@ -1,12 +1,7 @@
-"""Speed/memory mode: the engine's training step (`ampft.engine.train_step`, the very function `fit` calls),
-timed on synthetic fixed-length batches.
-
-Each arm is built by `ampft.finetune.build` (the prepared Accelerator, model, optimizer and scheduler a
-real run would get), then trained for `warmup_steps` untimed and `timed_steps` timed steps on batches of
-random token ids of exactly `seq_len` (all-ones attention mask, random labels) drawn from the benchmark
-seed, so every arm sees the same data in the same order. On CUDA the device is synchronised before and
-after each timed step. Memory: on CUDA the allocator's peak allocated and reserved bytes since the model
-was built; on CPU the process's peak resident set size over the steps (VmHWM, reset first).
+"""Speed/memory mode: `ampft.engine.train_step` (the function `fit` calls) timed on synthetic batches of exactly
+`seq_len` tokens from the benchmark seed (every arm the same data), each arm built by `ampft.finetune.build` as a
+real run would be (docs/benchmarks/README.md#modes). Memory: on CUDA the allocator's peak allocated and reserved
+bytes; on CPU the peak resident set size (VmHWM).
 """
 
 from __future__ import annotations
@@ -16,6 +11,7 @@ import ctypes
 import gc
 import inspect
 import logging
+import statistics
 import time
 from pathlib import Path
 
@@ -52,19 +48,16 @@ def synthetic_batches(n: int, batch_size: int, seq_len: int, vocab_size: int, nu
 # --- memory ---------------------------------------------------------------------------------------
 
 def _vm(field: str) -> int | None:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
+    """A /proc/self/status field in bytes; None where it cannot be read."""
+    with contextlib.suppress(OSError), open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
     return None
 
 
 def reset_peak(device: torch.device) -> bool:
-    """Start a new peak-memory window; False where the CPU peak cannot be reset (then it is the
-    process's lifetime peak)."""
+    """Start a new peak-memory window; False where the CPU peak cannot be reset (it is then the process's)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
@@ -96,8 +89,7 @@ def memory_peak(device: torch.device) -> dict[str, int | None]:
 
 
 def free(device: torch.device) -> None:
-    """Drop garbage and hand cached memory back: CUDA's caching allocator, and on CPU glibc's heap (freed
-    memory it keeps would otherwise count in the next arm's resident set size)."""
+    """Drop garbage and hand cached memory back (on CPU glibc's, which would count in the next arm's RSS)."""
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -114,8 +106,8 @@ def _sync(device: torch.device) -> None:
 
 
 def _run_steps(training: Training, batches: list[dict]) -> tuple[list[float], list[torch.Tensor], int]:
-    """Each batch one optimizer step (speed mode has trainer.grad_accum=1) by the engine's own `train_step`,
-    timed between device synchronisations; also the losses and the steps the fp16 loss scaler skipped."""
+    """One optimizer step a batch (speed mode has trainer.grad_accum=1), timed between device synchronisations:
+    (seconds, losses, steps the fp16 loss scaler skipped)."""
     t, device = training, training.accelerator.device
     seconds, losses, skipped = [], [], 0
     for batch in batches:
@@ -136,41 +128,36 @@ def is_oom(exc: BaseException) -> bool:
 
 
 def sweep_batch_sizes(try_size, batch_sizes: list[int], until_oom: bool, max_batch_size: int) -> list[dict]:
-    """Measure each listed batch size in order, then (until_oom) keep doubling the last one up to
-    max_batch_size; stop at the first size that does not fit. try_size(bs) returns a measurement dict,
-    or None when out of memory."""
+    """Each listed batch size in order, then (until_oom) the last one doubled up to max_batch_size, until one does
+    not fit. try_size(bs) returns a measurement dict, or None when out of memory."""
     sizes, points = list(batch_sizes), []
-    i = 0
-    while i < len(sizes):
-        point = try_size(sizes[i])
+    while sizes:
+        bs = sizes.pop(0)
+        point = try_size(bs)
         if point is None:
-            points.append(dict(batch_size=sizes[i], fits=False))
-            break
-        points.append(dict(batch_size=sizes[i], fits=True, **point))
-        i += 1
-        if i == len(sizes) and until_oom and sizes[-1] * 2 <= max_batch_size:
-            sizes.append(sizes[-1] * 2)
+            return points + [dict(batch_size=bs, fits=False)]
+        points.append(dict(batch_size=bs, fits=True, **point))
+        if not sizes and until_oom and bs * 2 <= max_batch_size:
+            sizes.append(bs * 2)
     return points
 
 
 def _sweep(training: Training, sweep: DictConfig, make_batches, seq_len: int) -> list[dict]:
-    """Peak memory per batch size on the arm's own model and optimizer (their states already exist).
-    On CUDA with sweep.until_oom, doubling continues after the listed sizes until out of memory; a CPU
-    does not run out of memory cleanly (it swaps), so only the listed sizes are measured there."""
+    """Peak memory per batch size on the arm's own model and optimizer. Only CUDA doubles until out of memory
+    (sweep.until_oom): a CPU swaps rather than running out cleanly."""
     device = training.accelerator.device
 
     def try_size(bs: int) -> dict | None:
         training.optimizer.zero_grad(set_to_none=True)
         free(device)
         reset_peak(device)
-        oom = False
         try:
-            seconds, _, _ = _run_steps(training, make_batches(sweep.steps, bs))
+            seconds = _run_steps(training, make_batches(sweep.steps, bs))[0]
         except RuntimeError as exc:
             if not is_oom(exc):
                 raise
-            oom = True
-        if oom:  # outside the except block, so the traceback's tensors are gone before emptying the cache
+            seconds = None
+        if seconds is None:  # outside the except block, so the traceback's tensors are gone before emptying the cache
             training.optimizer.zero_grad(set_to_none=True)
             free(device)
             log.info("  sweep batch %d: out of memory", bs)
@@ -189,8 +176,8 @@ def _fmt_mem(m: dict) -> str:
 
 
 def pilot_batch_size(batch_size: int) -> int:
-    """The budget's pilot batch: a quarter of the arm's, large enough for the arithmetic (not the per-step
-    overhead) to decide its time, small enough to be cheap on an arm that crawls."""
+    """The budget's pilot batch: a quarter of the arm's, big enough for the arithmetic (not the per-step overhead)
+    to decide its time, cheap on an arm that crawls."""
     return max(1, batch_size // 4)
 
 
@@ -198,18 +185,16 @@ def measure_arm(cfg: DictConfig, run_dir: Path, warmup_steps: int, timed_steps: 
                 sweep: DictConfig | None = None, plan=None) -> dict:
     """Build one arm, time its steps, measure its memory (and sweep batch sizes); free everything.
 
-    plan (the time budget, `ampft.benchmark.runner.SpeedPlan`; None: everything runs): first two pilot steps
-    at a quarter of the batch (the second is timed), then `plan.after_pilot(seconds, build_seconds)`; False
-    stops there (the result is then only the pilot: `skipped=True`). After the warm-up and the first two
-    timed steps (the probe), `plan.after_probe(probe_seconds)` returns how many timed steps to add and
-    whether to sweep."""
+    plan (`ampft.benchmark.runner.SpeedPlan`; None: everything runs) first sees the second of two pilot steps at
+    `pilot_batch_size` (`after_pilot`; False: only the pilot is returned, `skipped=True`), then the probe: the
+    warm-up and two timed steps (`after_probe`: how many timed steps to add, and whether to sweep)."""
     tic = time.perf_counter()
     training, _, ran_precision = build(cfg, Path(run_dir))
     built = time.perf_counter() - tic
     try:
         acc, device = training.accelerator, training.accelerator.device
         model = acc.unwrap_model(training.model)
-        bs, seq_len = int(cfg.trainer.batch_size), int(cfg.task.max_length)
+        requested, bs, seq_len = cfg.precision.name.value, int(cfg.trainer.batch_size), int(cfg.task.max_length)
         accepts_types = "token_type_ids" in inspect.signature(model.forward).parameters
         regression = model.config.problem_type == "regression"
 
@@ -225,7 +210,7 @@ def measure_arm(cfg: DictConfig, run_dir: Path, warmup_steps: int, timed_steps: 
             pilot = _run_steps(training, make_batches(2, pilot_batch_size(bs)))[0][1]
             if not plan.after_pilot(pilot, built):
                 return dict(skipped=True, pilot_step_seconds=pilot, precision=ran_precision,
-                            precision_requested=cfg.precision.name.value, batch_size=bs, seq_len=seq_len)
+                            precision_requested=requested, batch_size=bs, seq_len=seq_len)
         batches = make_batches(warmup_steps + timed_steps, bs)
         peak_reset = reset_peak(device)
         try:
@@ -241,14 +226,13 @@ def measure_arm(cfg: DictConfig, run_dir: Path, warmup_steps: int, timed_steps: 
             if not is_oom(exc):
                 raise
             raise BenchmarkConfigError([
-                f"arm {cfg.precision.name.value} ({cfg.model.name}, batch {bs} x {seq_len}) ran out of memory on "
+                f"arm {requested} ({cfg.model.name}, batch {bs} x {seq_len}) ran out of memory on "
                 f"{device}: lower benchmark.batch_size (the memory sweep finds the largest that fits)"]) from None
         peak = memory_peak(device)
         del batches
-        losses = [float(x) for x in torch.stack(losses).float().cpu()]
         result = dict(
             precision=ran_precision,
-            precision_requested=cfg.precision.name.value,
+            precision_requested=requested,
             attn_implementation=model.config._attn_implementation,
             model=cfg.model.name,
             pretrained=bool(cfg.model.pretrained),
@@ -260,7 +244,7 @@ def measure_arm(cfg: DictConfig, run_dir: Path, warmup_steps: int, timed_steps: 
             timed_steps_planned=timed_steps,
             warmup_step_seconds=seconds[:warmup_steps],
             step_seconds=seconds[warmup_steps:],
-            losses=losses,
+            losses=torch.stack(losses).float().tolist(),
             skipped_steps=skipped,
             loss_scale=acc.scaler.get_scale() if acc.scaler is not None else None,
             memory_after_build=after_build,
@@ -268,8 +252,8 @@ def measure_arm(cfg: DictConfig, run_dir: Path, warmup_steps: int, timed_steps: 
             peak_window="timed+warmup steps" if peak_reset else "process lifetime (reset not supported)",
             **model_flops_per_token(model, seq_len),
         )
-        log.info("  %s: median step %.3f s, %s", cfg.precision.name.value,
-                 sorted(result["step_seconds"])[len(result["step_seconds"]) // 2], _fmt_mem(peak))
+        log.info("  %s: median step %.3f s, %s", requested, statistics.median_high(seconds[warmup_steps:]),
+                 _fmt_mem(peak))
         result["sweep"] = _sweep(training, sweep, make_batches, seq_len) if sweep is not None and do_sweep else []
         return result
     finally:

@@ -1,6 +1,5 @@
-"""Summary statistics: median and spread of step times, mean/std over seeds, and a t-based confidence
-interval of an arm's difference to the baseline (its t quantile from SciPy, the `metrics` extra, imported
-only when an interval is computed)."""
+"""Summary statistics of step times and seeds, and a t-based confidence interval of an arm's difference to
+the baseline (SciPy's t quantile: the `metrics` extra, imported only when an interval is computed)."""
 
 from __future__ import annotations
 
@@ -36,38 +35,32 @@ def describe(values: Sequence[float]) -> dict[str, float | int | None]:
 
 
 def difference_ci(arm: dict[int, float], base: dict[int, float], confidence: float = 0.95) -> dict:
-    """Mean of arm - base with a t-based confidence interval.
+    """Mean of arm - base with a t-based confidence interval (None with fewer than two runs).
 
     Paired over the seeds both have (the same seed means the same initialisation and data order in every
     arm, so the pairing removes the seed's effect); Welch's unpaired interval when no seed is shared.
-    The interval is None when there are too few runs (n < 2) for a variance.
     """
+    q = 0.5 + confidence / 2
+    half = None
     shared = sorted(set(arm) & set(base))
     if shared:
         d = [arm[s] - base[s] for s in shared]
-        n = len(d)
-        mean = statistics.fmean(d)
-        if n < 2:
-            return dict(method="paired", n=n, mean=mean, ci_low=None, ci_high=None, confidence=confidence)
-        half = _t_ppf(0.5 + confidence / 2, n - 1) * statistics.stdev(d) / math.sqrt(n)
-        return dict(method="paired", n=n, mean=mean, ci_low=mean - half, ci_high=mean + half,
-                    confidence=confidence)
-    x, y = list(arm.values()), list(base.values())
-    mean = statistics.fmean(x) - statistics.fmean(y) if x and y else None
-    if len(x) < 2 or len(y) < 2:
-        return dict(method="welch", n=min(len(x), len(y)), mean=mean, ci_low=None, ci_high=None,
-                    confidence=confidence)
-    vx, vy = statistics.variance(x) / len(x), statistics.variance(y) / len(y)
-    if vx + vy == 0:
-        return dict(method="welch", n=min(len(x), len(y)), mean=mean, ci_low=mean, ci_high=mean,
-                    confidence=confidence)
-    dof = (vx + vy) ** 2 / (vx**2 / (len(x) - 1) + vy**2 / (len(y) - 1))
-    half = _t_ppf(0.5 + confidence / 2, dof) * math.sqrt(vx + vy)
-    return dict(method="welch", n=min(len(x), len(y)), mean=mean, ci_low=mean - half, ci_high=mean + half,
-                confidence=confidence)
+        method, n, mean = "paired", len(d), statistics.fmean(d)
+        if n >= 2:
+            half = _t_ppf(q, n - 1) * statistics.stdev(d) / math.sqrt(n)
+    else:
+        x, y = list(arm.values()), list(base.values())
+        method, n = "welch", min(len(x), len(y))
+        mean = statistics.fmean(x) - statistics.fmean(y) if x and y else None
+        if n >= 2:
+            vx, vy = statistics.variance(x) / len(x), statistics.variance(y) / len(y)
+            half = 0.0  # no spread at all: the interval is the mean
+            if vx + vy > 0:
+                dof = (vx + vy) ** 2 / (vx**2 / (len(x) - 1) + vy**2 / (len(y) - 1))
+                half = _t_ppf(q, dof) * math.sqrt(vx + vy)
+    low, high = (None, None) if half is None else (mean - half, mean + half)
+    return dict(method=method, n=n, mean=mean, ci_low=low, ci_high=high, confidence=confidence)
 
 
 def ratio(value: float | None, base: float | None) -> float | None:
-    if value is None or base is None or base == 0:
-        return None
-    return value / base
+    return value / base if value is not None and base else None

@@ -1,23 +1,18 @@
 """An accuracy run in its own process (`python -m ampft.benchmark.trainer SPEC OUT`, started by
-`accuracy.run_isolated`): the spec file holds the runner, the arm, its resolved finetune config and its
-directory; the run writes its record as JSON to OUT.
+`accuracy.run_isolated`): the spec holds the runner, the arm, its resolved finetune config and its directory;
+the run's record goes to OUT as JSON, with a torch.profiler window (`profile.StepProfiler`) under `profile`
+when the spec asks for `profile_steps`.
 
-- `run_trainer`: a run_glue-style script. `transformers.Trainer` with the same model weights, examples
-  (ampft's loader, so `task.max_train_samples` etc. apply alike), batch size, learning rate, epochs,
-  warm-up, weight decay, gradient clipping, seed and precision. It honours `trainer.padding`
-  (max_length: run_glue's default `pad_to_max_length`; longest: `DataCollatorWithPadding`, rounded up to
-  a multiple of 8 under fp16 only, as run_glue does), `trainer.group_by_length` and `trainer.compile`;
-  everything else is the Trainer's default.
-- ampft: `accuracy.run_seed`, the run accuracy mode makes in-process.
-
-Both return the same record keys, among them the training log (`loss_curve`: [optimizer step, mean loss since
-the last log, the step's learning rate], every `trainer.log_every` steps on both sides), and with
-`profile_steps` in the spec a torch.profiler window (`profile.StepProfiler`: profile.txt in the arm's
-directory, its summary under `profile`).
+- `run_trainer`: a run_glue-style script. `transformers.Trainer` with the same weights, examples (ampft's
+  loader), batch size, learning rate, epochs, warm-up, weight decay, gradient clipping, seed and precision;
+  `trainer.padding` (max_length: run_glue's `pad_to_max_length`; longest: `DataCollatorWithPadding`, to a
+  multiple of 8 under fp16 only, as run_glue does), `trainer.group_by_length` and `trainer.compile`; the
+  Trainer's defaults otherwise. Its record has `accuracy.run_seed`'s keys (ampft's side).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import sys
@@ -43,14 +38,13 @@ def run_trainer(cfg: DictConfig, out_dir: Path, arm: str) -> dict:
     import transformers
     from transformers import DataCollatorWithPadding, Trainer, TrainingArguments, default_data_collator
 
-
     started = time.perf_counter()
-    tr, task, o, sch = cfg.trainer, cfg.task, cfg.optim, cfg.scheduler
+    tr, task, o, sch, precision = cfg.trainer, cfg.task, cfg.optim, cfg.scheduler, cfg.precision.name
     transformers.set_seed(tr.seed)  # as run_glue: before the model (the classifier's initialisation)
     tokenizer = load_tokenizer(cfg.model)
     family = family_for(task.family)
     raw, labels = family.load(task)
-    model = build_model(cfg.model, tokenizer, labels, family, cfg.precision.name)
+    model = build_model(cfg.model, tokenizer, labels, family, precision)
     pad = tr.padding == Padding.max_length
     fields = list(task.text_fields)
 
@@ -61,10 +55,9 @@ def run_trainer(cfg: DictConfig, out_dir: Path, arm: str) -> dict:
         return enc
 
     data = {s: raw[s].map(preprocess, batched=True) for s in ("train", "validation")}
-    mixed = cfg.precision.name in (Precision.fp16, Precision.bf16)
-    fp16 = cfg.precision.name == Precision.fp16  # run_glue rounds to multiples of 8 under --fp16 only
-    collator = default_data_collator if pad else DataCollatorWithPadding(tokenizer,
-                                                                         pad_to_multiple_of=8 if fp16 else None)
+    fp16, bf16 = precision == Precision.fp16, precision == Precision.bf16
+    collator = (default_data_collator if pad  # run_glue rounds to multiples of 8 under --fp16 only
+                else DataCollatorWithPadding(tokenizer, pad_to_multiple_of=8 if fp16 else None))
     cpu = tr.cpu or not torch.cuda.is_available()
     args = TrainingArguments(
         output_dir=str(out_dir / "trainer"), per_device_train_batch_size=tr.batch_size,
@@ -72,8 +65,7 @@ def run_trainer(cfg: DictConfig, out_dir: Path, arm: str) -> dict:
         learning_rate=o.lr, weight_decay=o.weight_decay, adam_beta1=o.betas[0], adam_beta2=o.betas[1],
         adam_epsilon=o.eps, max_grad_norm=tr.max_grad_norm, num_train_epochs=tr.epochs, max_steps=tr.max_steps,
         lr_scheduler_type=sch.name.value, warmup_steps=sch.warmup_steps if sch.warmup_steps > 0 else sch.warmup_ratio,
-        seed=tr.seed, bf16=cfg.precision.name == Precision.bf16, fp16=cfg.precision.name == Precision.fp16,
-        tf32=None if cfg.precision.name == Precision.fp32 else cfg.precision.name == Precision.tf32,
+        seed=tr.seed, bf16=bf16, fp16=fp16, tf32=None if precision == Precision.fp32 else precision == Precision.tf32,
         use_cpu=cpu, logging_steps=tr.log_every, save_strategy="no", eval_strategy="no", report_to="none",
         disable_tqdm=True, train_sampling_strategy="group_by_length" if tr.group_by_length else "random",
         length_column_name="length", torch_compile=bool(tr.compile),
@@ -83,8 +75,8 @@ def run_trainer(cfg: DictConfig, out_dir: Path, arm: str) -> dict:
                       compute_metrics=lambda p: {"accuracy": float((np.argmax(p.predictions, -1) == p.label_ids)
                                                                    .mean())})
     ran = trainer.accelerator.mixed_precision  # what the Trainer will autocast to: "no", "bf16" or "fp16"
-    if ran != (cfg.precision.name.value if mixed else "no"):
-        raise RuntimeError(f"precision={cfg.precision.name.value}, but the Trainer set up mixed_precision={ran}")
+    if ran != (precision.value if fp16 or bf16 else "no"):
+        raise RuntimeError(f"precision={precision.value}, but the Trainer set up mixed_precision={ran}")
     setup_seconds = time.perf_counter() - started
     train = trainer.train().metrics
     ev = trainer.evaluate()
@@ -92,41 +84,34 @@ def run_trainer(cfg: DictConfig, out_dir: Path, arm: str) -> dict:
     tokens = sum(data["train"]["length"]) * epochs
     device = trainer.args.device
     peak, peak_kind = peak_memory_bytes(device)
-    main = cfg.task.main_metric
     curve = [[h["step"], h["loss"], h["learning_rate"]] for h in trainer.state.log_history if "loss" in h]
     evals = {k.removeprefix("eval_"): v for k, v in ev.items() if k in ("eval_accuracy", "eval_loss")}
     return dict(
         arm=arm, seed=tr.seed, runner=Runner.trainer.value, run_dir=str(out_dir / "trainer"),
-        precision_requested=cfg.precision.name.value, main_metric=main, diverged=False, error=None,
-        metric=evals.get(main), loss_scale_trace=[], eval_curve=[],
-        train_loss=train["train_loss"], train_loss_last=curve[-1][1] if curve else None, skipped_steps=None, loss_scale_final=None,
+        precision_requested=precision.value, main_metric=task.main_metric, diverged=False, error=None,
+        metric=evals.get(task.main_metric), loss_scale_trace=[], eval_curve=[], train_loss=train["train_loss"],
+        train_loss_last=curve[-1][1] if curve else None, skipped_steps=None, loss_scale_final=None,
         train_samples_per_second=train["train_samples_per_second"],
-        train_tokens_per_second=tokens / train["train_runtime"],
-        train_seconds=train["train_runtime"], setup_seconds=setup_seconds, steps=trainer.state.global_step,
-        epochs=epochs, eval=evals,
-        loss_curve=curve,
-        attn_implementation=model.config._attn_implementation, device=str(device),
-        precision=cfg.precision.name.value, peak_memory_bytes=peak, peak_memory_kind=peak_kind,
+        train_tokens_per_second=tokens / train["train_runtime"], train_seconds=train["train_runtime"],
+        setup_seconds=setup_seconds, steps=trainer.state.global_step, epochs=epochs, eval=evals, loss_curve=curve,
+        attn_implementation=model.config._attn_implementation, device=str(device), precision=precision.value,
+        peak_memory_bytes=peak, peak_memory_kind=peak_kind,
     )
 
 
 def main(spec_path: str, out_path: str) -> None:
     """The child's side of the protocol: run the arm the spec describes, write its measurements to out_path."""
-
     spec = json.loads(Path(spec_path).read_text())
     cfg = OmegaConf.merge(OmegaConf.structured(FinetuneConfig), OmegaConf.create(spec["cfg"]))
     out_dir = Path(spec["out_dir"])
-    def train(cfg: DictConfig, out_dir: Path) -> dict:
+    steps = spec.get("profile_steps")
+    with StepProfiler(steps) if steps else contextlib.nullcontext() as prof:
         if Runner(spec["runner"]) == Runner.trainer:
-            return run_trainer(cfg, out_dir, spec["arm"])
-        return run_seed(cfg, out_dir / "run", spec["arm"], cfg.trainer.seed)
-
-    if spec.get("profile_steps"):
-        with StepProfiler(spec["profile_steps"]) as prof:
-            result = train(cfg, out_dir)
+            result = run_trainer(cfg, out_dir, spec["arm"])
+        else:
+            result = run_seed(cfg, out_dir / "run", spec["arm"], cfg.trainer.seed)
+    if prof is not None:
         result["profile"] = prof.save(out_dir)
-    else:
-        result = train(cfg, out_dir)
     Path(out_path).write_text(json.dumps(result, indent=1, default=str))
 
 
