@@ -2,7 +2,8 @@
 
 A multi-seed benchmark often runs in pieces (seed 1 today, seeds 2-3 tonight, a stopped run finished by
 another). `combine` reads each run's results.json (accuracy mode) and writes OUT's results.json, report.md and
-plots over all their seeds, summarized exactly as if they had run together (`results.resummarize`). It refuses what would not be one benchmark:
+plots over all their seeds, summarized exactly as if they had run together (`results.resummarize`). It refuses
+what would not be one benchmark:
 
 - another setup (model, task, length, batch, shared and accuracy overrides, isolation), or an arm of the same
   name with another runner or overrides;
