@@ -166,7 +166,7 @@ def _speed_mode(run: _Run, arms: list[DictConfig], out_dir: Path) -> dict:
     """Measure the speed arms one after another, each within the budget (its SpeedPlan): results' `speed`."""
     b, env, raw = run.b, run.env, []
     for i, arm in enumerate(arms, 1):
-        costs = run.speed_costs
+        costs = run.speed_costs  # of the arms before this one: the projection of this one and the rest
         run.progress(f"speed arm {i}/{len(arms)}: {arm.name}",
                      (len(arms) - i + 1) * statistics.fmean(costs) if costs else None,
                      " for speed mode (accuracy mode: projected from its first run)" if run.acc_arms else "")
