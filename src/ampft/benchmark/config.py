@@ -1,14 +1,15 @@
 """The benchmark's schema (`BenchmarkConfig`, conf/benchmark, the primary config `benchmark_recipe`) and the
 finetune config of each arm composed from it.
 
-An arm is a runner (ampft, or a run_glue-style transformers.Trainer for a comparison) plus finetune overrides.
-Each arm's config is `conf/finetune.yaml` with the benchmark's shared overrides, the mode's and the arm's own, in
-that order (later wins); `check` composes and validates every arm of every mode before anything is measured,
-and reports all problems at once. Unknown keys and bad modes fail at compose time (the structured schema).
+An arm is a runner (ampft, or a run_glue-style transformers.Trainer) plus finetune overrides: its config is
+`conf/finetune.yaml` with the benchmark's shared overrides, the mode's and the arm's own (later wins). `check`
+composes and validates every arm of every mode before anything is measured and reports all problems at once;
+unknown keys and bad modes fail earlier, at compose time (the structured schema).
 """
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -133,21 +134,22 @@ def register_configs() -> None:
 register_configs()
 
 
+def _takes_part(b: DictConfig, arm: DictConfig, mode: Mode) -> bool:
+    mode = Mode(mode)
+    return mode in [Mode(m) for m in b.modes] and (arm.modes is None or mode in [Mode(m) for m in arm.modes])
+
+
 def arms_for(b: DictConfig, mode: Mode) -> list[DictConfig]:
     """The arms that take part in `mode`, in config order."""
-    if Mode(mode) not in [Mode(m) for m in b.modes]:
-        return []
-    return [a for a in b.arms if a.modes is None or Mode(mode) in [Mode(m) for m in a.modes]]
+    return [a for a in b.arms if _takes_part(b, a, mode)]
 
 
 def arm_overrides(b: DictConfig, arm: DictConfig, mode: Mode, seed: int | None = None) -> list[str]:
     """The finetune overrides of one arm in one mode; later entries win."""
-    mode = Mode(mode)
-    common = [f"model={b.model}", f"task={b.task}", f"task.max_length={b.seq_len}",
-              f"trainer.batch_size={b.batch_size}", f"trainer.seed={b.seed if seed is None else seed}",
-              *b.overrides, *b.extra]
-    per_mode = b.speed.overrides if mode == Mode.speed else b.accuracy.overrides
-    return [*common, *per_mode, *arm.overrides]
+    per_mode = b.speed.overrides if Mode(mode) == Mode.speed else b.accuracy.overrides
+    return [f"model={b.model}", f"task={b.task}", f"task.max_length={b.seq_len}",
+            f"trainer.batch_size={b.batch_size}", f"trainer.seed={b.seed if seed is None else seed}",
+            *b.overrides, *b.extra, *per_mode, *arm.overrides]
 
 
 def compose_finetune(overrides: list[str], conf_dir: Path = CONF_DIR) -> DictConfig:
@@ -156,9 +158,8 @@ def compose_finetune(overrides: list[str], conf_dir: Path = CONF_DIR) -> DictCon
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    if GlobalHydra.instance().is_initialized():
-        return compose(config_name="finetune", overrides=list(overrides))
-    with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
+    initialized = GlobalHydra.instance().is_initialized()
+    with nullcontext() if initialized else initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
         return compose(config_name="finetune", overrides=list(overrides))
 
 
@@ -167,7 +168,6 @@ def check(b: DictConfig, conf_dir: Path = CONF_DIR) -> dict[tuple[str, str, int 
 
     Returns {(mode, arm name, seed): cfg}; seed is None in speed mode (it uses benchmark.seed). Composing
     everything up front also means a config file edited while the benchmark runs cannot change it midway."""
-
     problems: list[str] = []
     modes = [Mode(m) for m in b.modes]
     names = [a.name for a in b.arms]
@@ -176,12 +176,10 @@ def check(b: DictConfig, conf_dir: Path = CONF_DIR) -> dict[tuple[str, str, int 
     if not names:
         problems.append("benchmark.arms is empty: give at least two arms, e.g. "
                         "[{name: fp32, overrides: [precision=fp32]}, {name: bf16, overrides: [precision=bf16]}]")
-    dupes = sorted({n for n in names if names.count(n) > 1})
-    if dupes:
+    if dupes := sorted({n for n in names if names.count(n) > 1}):
         problems.append(f"benchmark.arms has duplicate names {dupes}: each arm needs its own name")
     for i, arm in enumerate(b.arms):
-        in_speed = Mode.speed in modes and (arm.modes is None or Mode.speed in [Mode(m) for m in arm.modes])
-        if Runner(arm.runner) == Runner.trainer and in_speed:
+        if Runner(arm.runner) == Runner.trainer and _takes_part(b, arm, Mode.speed):
             problems.append(f"benchmark.arms[{i}] ({arm.name}): runner=trainer in speed mode, which times ampft's "
                             "own step: give the arm modes: [accuracy]")
     for i, t in enumerate(b.targets):
@@ -202,31 +200,28 @@ def check(b: DictConfig, conf_dir: Path = CONF_DIR) -> dict[tuple[str, str, int 
         problems.append(f"benchmark.batch_size={b.batch_size}: must be >= 1")
     if b.budget_minutes is not None and not b.budget_minutes > 0:
         problems.append(f"benchmark.budget_minutes={b.budget_minutes}: must be > 0, or null for no budget")
-    s = b.speed
+    s, sw = b.speed, b.sweep
     if Mode.speed in modes:
         if s.warmup_steps < 0:
             problems.append(f"benchmark.speed.warmup_steps={s.warmup_steps}: must be >= 0")
         if s.timed_steps < 2:
             problems.append(f"benchmark.speed.timed_steps={s.timed_steps}: must be >= 2 (a spread needs two)")
-        sw = b.sweep
         if any(n < 1 for n in sw.batch_sizes) or list(sw.batch_sizes) != sorted(set(sw.batch_sizes)):
             problems.append(f"benchmark.sweep.batch_sizes={list(sw.batch_sizes)}: positive and increasing, "
                             "e.g. [4, 8, 16]")
         if sw.steps < 1:
             problems.append(f"benchmark.sweep.steps={sw.steps}: must be >= 1")
-        unknown = [a for a in (sw.arms or []) if a not in names]
-        if unknown:
+        if unknown := [a for a in (sw.arms or []) if a not in names]:
             problems.append(f"benchmark.sweep.arms has {unknown}: not arms; choose from {names}")
-    if Mode.accuracy in modes and not b.accuracy.seeds:
+    seeds = list(b.accuracy.seeds)
+    if Mode.accuracy in modes and not seeds:
         problems.append("benchmark.accuracy.seeds is empty: give several seeds, e.g. [1, 2, 3]")
-    if Mode.accuracy in modes and len(b.accuracy.seeds) != len(set(b.accuracy.seeds)):
-        problems.append(f"benchmark.accuracy.seeds={list(b.accuracy.seeds)} repeats a seed")
-    for key, value in (("peak_tflops", b.peak_tflops),):
-        bad = {k: v for k, v in value.items() if v is not None and v <= 0}
-        if bad:
-            problems.append(f"benchmark.{key} has non-positive values {bad}: give TFLOP/s > 0 or null")
+    if Mode.accuracy in modes and len(seeds) != len(set(seeds)):
+        problems.append(f"benchmark.accuracy.seeds={seeds} repeats a seed")
+    if bad := {k: v for k, v in b.peak_tflops.items() if v is not None and v <= 0}:
+        problems.append(f"benchmark.peak_tflops has non-positive values {bad}: give TFLOP/s > 0 or null")
 
-    cfgs: dict[tuple[str, str], DictConfig] = {}
+    cfgs: dict[tuple[str, str, int | None], DictConfig] = {}
     for mode in modes:
         arms = arms_for(b, mode)
         if b.arms and not arms:
@@ -234,11 +229,11 @@ def check(b: DictConfig, conf_dir: Path = CONF_DIR) -> dict[tuple[str, str, int 
         if arms and b.baseline in names and b.baseline not in [a.name for a in arms]:
             problems.append(f"benchmark.baseline={b.baseline} does not take part in {mode.value} mode: "
                             f"remove {mode.value} from its arms[].modes restriction")
-        seeds = (list(b.accuracy.seeds) if mode == Mode.accuracy else []) or [None]  # none: a problem above
+        mode_seeds = (seeds if mode == Mode.accuracy else []) or [None]  # none: a problem above
         for arm in arms:
             where = f"benchmark.arms[{names.index(arm.name)}] ({arm.name}, {mode.value} mode)"
             try:
-                cfg = compose_finetune(arm_overrides(b, arm, mode, seeds[0]), conf_dir)
+                cfg = compose_finetune(arm_overrides(b, arm, mode, mode_seeds[0]), conf_dir)
             except Exception as exc:  # Hydra's composition errors: unknown key, bad option, bad value
                 cause = str(exc.__cause__ or exc).split("Config search path")[0]
                 problems.append(f"{where}: the finetune overrides do not compose: " + " ".join(cause.split()))
@@ -258,8 +253,8 @@ def check(b: DictConfig, conf_dir: Path = CONF_DIR) -> dict[tuple[str, str, int 
             if mode == Mode.speed and cfg.trainer.grad_accum != 1:
                 problems.append(f"{where}: trainer.grad_accum={cfg.trainer.grad_accum}; speed mode times "
                                 "single micro-batch steps, use trainer.grad_accum=1")
-            cfgs[(mode.value, arm.name, seeds[0])] = cfg
-            for seed in seeds[1:]:  # the same config but for trainer.seed, so validated once
+            cfgs[(mode.value, arm.name, mode_seeds[0])] = cfg
+            for seed in mode_seeds[1:]:  # the same config but for trainer.seed, so validated once
                 cfgs[(mode.value, arm.name, seed)] = compose_finetune(arm_overrides(b, arm, mode, seed), conf_dir)
     if problems:
         raise BenchmarkConfigError(problems)
