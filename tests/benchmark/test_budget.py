@@ -95,6 +95,7 @@ def test_budget_records_cuts_against_its_clock():
 # --- a real benchmark with a fake slow arm ----------------------------------------------------------
 
 FP16_STEP = 30.0  # injected: seconds a full-batch (8-row) fp16 step "takes"; a pilot step (2 rows) 1/4 of it
+OTHER_STEP = 0.1  # injected for fp32 and bf16 alike, so that no projection hangs on tiny-bert's noisy timings
 ACCURACY_RUN = 2.0  # injected: seconds each accuracy run adds to the budget's clock
 
 SLOW = [
@@ -113,8 +114,9 @@ SLOW = [
 
 @pytest.fixture(scope="module")
 def slow_fp16(tmp_path_factory):
-    """cpu-smoke's three arms on tiny-bert, the fp16 arm's steps reported as FP16_STEP seconds each and the
-    budget's clock advanced by the difference, as if this CPU crawled under fp16 (no real slow run). Each
+    """cpu-smoke's three arms on tiny-bert, the fp16 arm's steps reported as FP16_STEP seconds each (the
+    others' as OTHER_STEP) and the budget's clock advanced by the difference, as if this CPU crawled under fp16
+    (no real slow run). Each
     accuracy run also counts ACCURACY_RUN seconds, so that the fp16 runs' projection (a baseline run's time
     x fp16's step-time ratio) does not hang on how fast tiny-bert's half-second runs happen to be. The clock
     advances at a tenth of real time otherwise, so a loaded test machine does not change what gets cut."""
@@ -133,11 +135,10 @@ def slow_fp16(tmp_path_factory):
 
     def fake_steps(loop, batches):
         seconds, losses, skipped = real_steps(loop, batches)
-        if loop.cfg.precision.name.value == FP16:
-            fake = [FP16_STEP * b["input_ids"].shape[0] / 8 for b in batches]
-            extra[0] += sum(fake) - sum(seconds)
-            seconds = fake
-        return seconds, losses, skipped
+        step = FP16_STEP if loop.cfg.precision.name.value == FP16 else OTHER_STEP
+        fake = [step * b["input_ids"].shape[0] / 8 for b in batches]
+        extra[0] += sum(fake) - sum(seconds)
+        return fake, losses, skipped
 
     mp.setattr(speed, "_run_steps", fake_steps)
     start = time.monotonic()
