@@ -1,10 +1,7 @@
-"""Shared data package: raw splits → labels → cached tokenization → dataloaders, for every task family.
+"""Raw splits → labels → cached tokenization → dataloaders, for every task family.
 
-`load` reads the raw splits (Hub, local files, the `demo` task), `prepare` labels and tokenizes them (cached
-on disk) into `TaskData`, `batches` forms training batches by length (length-grouped sampler, length chunks)
-and `loaders` builds the dataloaders. What differs per family (file formats, labels, features, collator) is
-asked of the task family object (`ampft.tasks`), which the caller resolves once and passes in. The names
-callers use are importable from here.
+`load` reads the splits, `prepare` labels and tokenizes them into `TaskData`, `batches` forms batches by
+length and `loaders` builds the dataloaders; what differs per family is asked of its `ampft.tasks` object.
 """
 
 from ampft.data.batches import LengthChunks, LengthGroupedSampler, chunk_cost, length_chunks, split_by_length

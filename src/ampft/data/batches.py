@@ -1,8 +1,6 @@
-"""How a training batch is formed from its examples' lengths: `LengthGroupedSampler` (with
-`trainer.group_by_length`, batches of similar lengths; off by default: it costs accuracy, see
-`TrainerConfig.group_by_length`) and length chunks (`LengthChunks`: each random batch run as chunks of similar
-lengths, cut by `split_by_length` where the padded tokens plus a chunk's fixed cost, `chunk_cost`, are fewest;
-the same examples and loss, less padding; `length_chunks` says how many).
+"""Training batches by length: `LengthGroupedSampler` (trainer.group_by_length, off by default: it costs
+accuracy) and length chunks (`LengthChunks`: each random batch run as chunks of similar lengths, cut where
+padding plus `chunk_cost` per chunk is least; the same examples and loss, less padding).
 """
 
 from __future__ import annotations
@@ -15,12 +13,10 @@ from ampft.config import Backend, Padding
 
 
 class LengthGroupedSampler(Sampler[int]):
-    """Random batches of similar lengths, reproducible per epoch (`set_epoch`).
+    """Random batches of similar lengths (sorted within mega-batches, then shuffled), reproducible per epoch.
 
-    Shuffle, cut into mega-batches of `mega_batches` batches, sort each by length, cut into batches, then
-    shuffle the batches so that lengths do not come in waves. The full batch holding the longest example
-    goes first (an out-of-memory error shows up at step 1, not hours in); the one partial batch, if any,
-    goes last, so the DataLoader's fixed-size chunks of this order are exactly these batches.
+    The full batch holding the longest example goes first (an out-of-memory error shows at step 1); the one
+    partial batch goes last, so the DataLoader's fixed-size chunks of this order are exactly these batches.
     """
 
     def __init__(self, lengths: list[int], batch_size: int, seed: int, mega_batches: int = 8):
@@ -54,13 +50,9 @@ MINILM_CHUNK_COST, MINILM_PARAMS = 144, 22.7e6  # chunk_cost's reference: MiniLM
 
 
 def chunk_cost(model=None) -> int:
-    """What one more forward and backward costs beyond its tokens, in tokens: the per-call work that does not
-    shrink with the chunk (every weight's gradient written and accumulated, the embedding's dense gradient,
-    each op's dispatch). It grows more slowly with the model than the work per token does, so the bigger the
-    model, the fewer tokens a chunk costs: 144 for MiniLM-L6 (22.7M parameters), times (parameters /
-    22.7M)^-0.43. `python scripts/microbench.py chunks` on the development CPU measured 144 tokens for MiniLM-L6
-    and, in another run, tiny-bert 345, MiniLM-L6 124 and BERT-base 62: the exponent is the fit to those three
-    (docs/benchmarks/microbench.md). Without a model: MiniLM-L6's."""
+    """What one more forward and backward costs beyond its tokens, in tokens (per-call work: gradients written,
+    op dispatch). It grows more slowly than the model: 144 for MiniLM-L6 times (parameters / 22.7M)^-0.43, the
+    fit to `scripts/microbench.py chunks` (docs/benchmarks/microbench.md). Without a model: MiniLM-L6's."""
     if model is None:
         return MINILM_CHUNK_COST
     params = sum(p.numel() for p in model.parameters())
@@ -69,10 +61,9 @@ def chunk_cost(model=None) -> int:
 
 def split_by_length(lengths: list[int], max_chunks: int, multiple: int | None = None,
                     overhead: int = 0) -> list[list[int]]:
-    """Split one batch (positions into `lengths`) into at most `max_chunks` chunks of consecutive rows of the
-    batch sorted longest first, choosing the cuts that minimise the padded tokens (each chunk padded to its
-    longest row, rounded up to `multiple`) plus `overhead` tokens per chunk. Longest chunk first; ties
-    between equally cheap splits go to fewer chunks."""
+    """Split one batch (positions into `lengths`), sorted longest first, into at most `max_chunks` chunks at
+    the cuts that minimise padded tokens (rounded up to `multiple`) plus `overhead` per chunk. Longest chunk
+    first; ties go to fewer chunks."""
     order = sorted(range(len(lengths)), key=lengths.__getitem__, reverse=True)
     m = multiple or 1
     width = [-(-lengths[i] // m) * m for i in order]
@@ -96,11 +87,9 @@ def split_by_length(lengths: list[int], max_chunks: int, multiple: int | None = 
 
 
 class LengthChunks:
-    """A training collator: each batch as up to `max_chunks` chunks of similar lengths (`split_by_length`),
-    each padded to its own longest row, or as one batch where splitting would not pay. The chunks hold the
-    batch's examples, and `ampft.engine.train_step` weighs their losses so that the update is the whole
-    batch's: the same examples and gradient as the unsplit batch (up to float rounding and the dropout
-    masks), with less padding. A list of chunks is what the engine takes as one batch."""
+    """A training collator: each batch as a list of up to `max_chunks` chunks of similar lengths, or as one
+    batch where splitting would not pay. `ampft.engine.train_step` weighs the chunks' losses so that the
+    update is the whole batch's."""
 
     def __init__(self, collate, max_chunks: int, multiple: int | None, cost: int):
         self.collate, self.max_chunks, self.multiple, self.cost = collate, max_chunks, multiple, cost
@@ -113,10 +102,8 @@ class LengthChunks:
 
 
 def length_chunks(cfg: DictConfig, device: torch.device) -> int:
-    """trainer.length_chunks, or (null) 4 on CPU and 1 on CUDA (measured on CPU only; on a GPU try it with
-    `make benchmark-peer`). 1 under DeepSpeed, whose engine counts micro-batches itself; under torch.compile,
-    whose static shapes would recompile for every new chunk size; and with padding=max_length, where every
-    chunk would be as wide as the batch."""
+    """trainer.length_chunks, or (null) 4 on CPU and 1 on CUDA (measured on CPU only). Always 1 under DeepSpeed
+    (it counts micro-batches itself), torch.compile (a recompile per chunk size) and padding=max_length."""
     tr = cfg.trainer
     if cfg.distributed.backend == Backend.deepspeed or tr.compile or tr.padding == Padding.max_length:
         return 1

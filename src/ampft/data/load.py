@@ -1,6 +1,5 @@
-"""Raw splits for a task, shared by every task family: a Hub dataset, local files (each read by the family's
-reader, csv/tsv/json(l)/parquet by default, checked line by line), or the built-in demo task; extra
-validation splits and sample limits. What the columns mean (labels, tags, answers) is the family's.
+"""Raw splits for every task family: a Hub dataset, local files (csv/tsv/json(l)/parquet by default, checked
+line by line) or the built-in demo task. What the columns mean is the family's.
 """
 
 from __future__ import annotations
@@ -50,8 +49,7 @@ def extra_split_names(task: DictConfig) -> list[str]:
 
 
 def load_file(path: str, split: str, column_names: list[str] | None = None) -> Dataset:
-    """One split from one file; each file is read on its own terms (format, delimiter, columns).
-    `column_names`: the file (csv/tsv) has no header row, these name its columns."""
+    """One split from one file, read on its own terms; `column_names` name a headerless csv/tsv's columns."""
     check_rows(path, split, column_names)
     # datasets keys its own cache of a local file by path and mtime only: a file rewritten with its mtime
     # kept (cp -p, rsync -a, tar x) would be served stale. The content digest in the builder's config id
@@ -73,12 +71,10 @@ def load_file(path: str, split: str, column_names: list[str] | None = None) -> D
 
 
 def check_rows(path: str, split: str, column_names: list[str] | None = None) -> None:
-    """Rows of a csv/tsv file with as many fields as the header (or, for a headerless file, as
-    `task.column_names` names), lines of a JSON-lines file that parse as
-    objects with the first line's keys: a DataError naming the file, line and what was found otherwise.
+    """A DataError naming the file and line where a csv/tsv row's field count differs from the header's (or
+    `column_names`), or a JSON-lines line is not an object with the first line's keys.
 
-    pandas reads a row with one field too many by taking its first field as an index, shifting every
-    column (a label digit becomes the sentence, with no error); a json reader names no line."""
+    pandas silently shifts every column of a row with one field too many; a json reader names no line."""
     key, fmt = f"{split_key(split)}={path}", file_format(path)
     try:
         if fmt == "csv":
@@ -90,20 +86,13 @@ def check_rows(path: str, split: str, column_names: list[str] | None = None) -> 
 
 
 def _check_csv(path: str, key: str, names: list[str] | None = None) -> None:
+    tsv = Path(path).suffix.lower() == ".tsv"
     # The reader (pandas' C parser) takes fields of any length; Python's csv module stops at 128 KiB unless told.
     limit = csv.field_size_limit(2**31 - 1)  # a C long on every platform
     try:
-        _check_csv_rows(path, key, names)
-    finally:
-        csv.field_size_limit(limit)
-
-
-def _check_csv_rows(path: str, key: str, names: list[str] | None) -> None:
-    tsv = Path(path).suffix.lower() == ".tsv"
-    with open(path, encoding="utf-8", newline="") as f:
-        reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE) if tsv else csv.reader(f)
-        width, start = (None if names is None else len(names)), 1
-        try:
+        with open(path, encoding="utf-8", newline="") as f:
+            reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE) if tsv else csv.reader(f)
+            width, start = (None if names is None else len(names)), 1
             for row in reader:
                 if row:  # blank lines are skipped, as pandas does
                     if width is None:
@@ -120,8 +109,10 @@ def _check_csv_rows(path: str, key: str, names: list[str] | None) -> None:
                             "columns; fix the line" + (" (quote fields that contain commas)" if not tsv else "")
                         )
                 start = reader.line_num + 1
-        except csv.Error as exc:
-            raise DataError(f"{key}: line {reader.line_num}: {exc}") from exc
+    except csv.Error as exc:
+        raise DataError(f"{key}: line {reader.line_num}: {exc}") from exc
+    finally:
+        csv.field_size_limit(limit)
 
 
 def _check_json(path: str, key: str) -> None:
@@ -161,8 +152,8 @@ def _check_json(path: str, key: str) -> None:
 
 
 def check_empty_texts(empty: list, rows: int, task: DictConfig, where: str, what: str) -> None:
-    """Rows with an empty or missing text train (and score) as the empty string: a warning naming them, a
-    DataError past task.max_empty_texts of the split's rows (every task family that reads texts)."""
+    """Rows with an empty or missing text train as the empty string: a warning, or a DataError past
+    task.max_empty_texts of the split's rows."""
     if not empty:
         return
     msg = (f"{where}: {len(empty)} of {rows} rows have an empty or missing text in {what}; they would be trained "
@@ -182,7 +173,6 @@ def _load_files(task: DictConfig, read_file: Callable[[str, str], Dataset]) -> D
 
 
 def _load_hub(task: DictConfig) -> DatasetDict:
-
     try:
         raw = load_dataset(task.dataset, task.subset)
     except Exception as exc:  # datasets raises several types for "not cached and offline"

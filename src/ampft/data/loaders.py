@@ -1,9 +1,7 @@
 """Dataloaders: the family's collator, the model inputs its forward takes, padding, workers.
 
-Batches are padded dynamically to their longest row (rounded up to a multiple of 8 under mixed precision on
-CUDA, for Tensor Core shapes; to one of `trainer.compile_buckets` lengths under torch.compile); training
-batches are random or length-grouped and may run as length chunks (`ampft.data.batches`); evaluation and
-`make predict` read features in their order (`inference_dataloader`).
+Training batches are random or length-grouped and may run as length chunks (`ampft.data.batches`);
+evaluation and `make predict` read features in their order (`inference_dataloader`).
 """
 
 from __future__ import annotations
@@ -27,9 +25,8 @@ if TYPE_CHECKING:  # the families import this package's loaders
 
 
 def model_columns(candidates: tuple[str, ...], available: list[str], model=None) -> list[str]:
-    """The feature columns a batch gives the model: the family's inputs that the data has and, given the
-    model, that its forward takes. token_type_ids are dropped for models without segment embeddings
-    (type_vocab_size < 2: RoBERTa, DeBERTa-v3), where a BERT tokenizer's pair ids would index past them."""
+    """The family's inputs that the data has and (given the model) its forward takes. token_type_ids are
+    dropped for models without segment embeddings (RoBERTa, DeBERTa-v3): pair ids would index past them."""
     columns = [c for c in candidates if c in available]
     if model is not None:
         accepted = inspect.signature(model.forward).parameters
@@ -40,14 +37,12 @@ def model_columns(candidates: tuple[str, ...], available: list[str], model=None)
 
 
 def padding(cfg: DictConfig, tokenizer: PreTrainedTokenizerBase, device: torch.device) -> dict:
-    """The collators' padding arguments (DataCollatorWithPadding's `padding`, `max_length`, `pad_to_multiple_of`).
+    """The collators' `padding`, `max_length` and `pad_to_multiple_of`.
 
-    Dynamic padding rounds each batch up to a multiple: trainer.pad_to_multiple_of, else 8 under fp16/bf16 on
-    CUDA (Tensor Core shapes) and 1 elsewhere: a CPU has no such shapes, and the extra tokens are extra work
-    (bf16 on SST-2: docs/benchmarks/peer-sst2-bf16). Under torch.compile the multiple is task.max_length /
-    trainer.compile_buckets (a multiple of 8), so there are at most that many sequence lengths and as many
-    compilations. Left-padding tokenizers get no rounding: their NER/QA features are padded to
-    task.max_length at tokenization."""
+    Dynamic padding rounds up to trainer.pad_to_multiple_of, else 8 under fp16/bf16 on CUDA (Tensor Core
+    shapes) and 1 on CPU, where extra tokens are only extra work (docs/benchmarks/peer-sst2-bf16). Under
+    torch.compile the multiple gives at most trainer.compile_buckets lengths, so as many compilations.
+    Left-padding tokenizers get no rounding: their NER/QA features are padded at tokenization."""
     tr, max_length = cfg.trainer, cfg.task.max_length
     if tr.padding == Padding.max_length:
         return dict(padding="max_length", max_length=max_length, pad_to_multiple_of=None)
@@ -61,21 +56,16 @@ def padding(cfg: DictConfig, tokenizer: PreTrainedTokenizerBase, device: torch.d
 
 
 def num_workers(cfg: DictConfig, device: torch.device) -> int:
-    """trainer.num_workers, or (null) 2 on CUDA, where collating next batches overlaps GPU work, and 0 on CPU,
-    where the cores that would collate are the ones training."""
+    """trainer.num_workers, or (null) 2 on CUDA (collating overlaps GPU work) and 0 on CPU (the cores that
+    would collate are the ones training)."""
     if cfg.trainer.num_workers is not None:
         return cfg.trainer.num_workers
     return 2 if device.type == "cuda" else 0
 
 
-def _loader_parts(cfg: DictConfig, data: TaskData, tokenizer: PreTrainedTokenizerBase, device: torch.device,
-                  model):
-    family = data.family
-    return (family.collator(tokenizer, **padding(cfg, tokenizer, device)),
-            model_columns(family.model_inputs, data.train.column_names, model))
-
-
 def _loader_kwargs(cfg: DictConfig, device: torch.device) -> dict:
+    # Own generators: creating an iterator must not draw from the global RNG, or a resumed run's dropout
+    # masks (restored RNG state, then a fresh iterator) would differ from the uninterrupted run's.
     workers = num_workers(cfg, device)
     return dict(num_workers=workers, pin_memory=device.type == "cuda", persistent_workers=workers > 0,
                 generator=torch.Generator().manual_seed(cfg.trainer.seed))
@@ -83,8 +73,8 @@ def _loader_kwargs(cfg: DictConfig, device: torch.device) -> dict:
 
 def inference_dataloader(cfg: DictConfig, family: Family, dataset: Dataset, tokenizer: PreTrainedTokenizerBase,
                          device: torch.device, model=None) -> DataLoader:
-    """Features in `dataset`'s order, in evaluation batches (trainer.eval_batch_size) with the family's
-    collator; model inputs only (NER/QA keep word_ids, offsets in `dataset`). Evaluation and `make predict`."""
+    """Features in `dataset`'s order, in evaluation batches, model inputs only (NER/QA keep word_ids and
+    offsets in `dataset`). Evaluation and `make predict`."""
     collate = family.collator(tokenizer, **padding(cfg, tokenizer, device))
     tr = cfg.trainer
     return DataLoader(dataset.select_columns(model_columns(family.model_inputs, dataset.column_names, model)),
@@ -100,28 +90,24 @@ def eval_dataloader(cfg: DictConfig, data: TaskData, dataset: Dataset, tokenizer
 
 def build_dataloaders(cfg: DictConfig, data: TaskData, tokenizer: PreTrainedTokenizerBase,
                       device: torch.device, model=None, num_processes: int = 1) -> tuple[DataLoader, DataLoader]:
-    """Train and validation loaders for `device` (pinned memory and workers on CUDA); `model` (optional)
-    drops the columns its forward does not take.
+    """Train and validation loaders for `device`; `model` (optional) drops the columns its forward does not take.
 
-    Batches are random (the Trainer's), or with `trainer.group_by_length` grouped by length. Either way
     Accelerate deals the sampler's consecutive batches to the ranks in turn, so length groups are global
-    batches (`batch_size` x `num_processes`): each optimizer step sees the examples that one process with
-    the whole global batch would."""
+    batches (`batch_size` x `num_processes`), as one process with the whole global batch would see them."""
     tr = cfg.trainer
-    collate, columns = _loader_parts(cfg, data, tokenizer, device, model)
-    train = data.train.select_columns(columns)
+    pad = padding(cfg, tokenizer, device)
+    collate = data.family.collator(tokenizer, **pad)
+    train = data.train.select_columns(model_columns(data.family.model_inputs, data.train.column_names, model))
     if tr.group_by_length:
         sampler = LengthGroupedSampler(data.train["length"][:], tr.batch_size * num_processes, tr.seed,
                                        tr.length_group_size)
     else:
         sampler = RandomSampler(train)  # Accelerate turns it into a seedable sampler (set_epoch)
-    # Own generators: creating an iterator must not draw from the global RNG, or a resumed run's dropout
-    # masks (restored RNG state, then a fresh iterator) would differ from the uninterrupted run's.
     chunks = length_chunks(cfg, device)
     train_collate = collate
     if chunks > 1:  # the model's parameters are counted only when batches are split
         cost = tr.length_chunk_cost if tr.length_chunk_cost is not None else chunk_cost(model)
-        train_collate = LengthChunks(collate, chunks, padding(cfg, tokenizer, device)["pad_to_multiple_of"], cost)
+        train_collate = LengthChunks(collate, chunks, pad["pad_to_multiple_of"], cost)
     train_dl = DataLoader(train, batch_size=tr.batch_size, sampler=sampler, collate_fn=train_collate,
                           **_loader_kwargs(cfg, device))
     return train_dl, eval_dataloader(cfg, data, data.validation, tokenizer, device, model)

@@ -1,10 +1,7 @@
 """Raw splits → labels → tokenization cached on disk → `TaskData`, for every task family.
 
-What differs per family (file formats, labels, features) is asked of the task family object (`ampft.tasks`),
-which the caller resolves once and passes in; `TaskData` carries it on to the loaders. Tokenization runs once
-per (tokenizer, task, length and family settings, data) and is kept on disk under `cfg.cache_dir`; a second
-run of the same recipe loads it in well under a second. Validation splits come out in length order (scored
-exactly as in file order): little padding in the larger evaluation batches.
+Tokenization runs once per (tokenizer, task, family settings, data) and is cached under `cfg.cache_dir`, so a
+second run loads it in under a second. Validation splits come out in length order: less padding, same scores.
 """
 
 from __future__ import annotations
@@ -63,8 +60,7 @@ def _cache_key(raw: DatasetDict, task: DictConfig, family: Family, tokenizer: Pr
 
 
 def prepare_data(cfg: DictConfig, family: Family, tokenizer: PreTrainedTokenizerBase, main_process_first) -> TaskData:
-    """Load, label and tokenize the task's splits with `family` (`ampft.tasks.family_for(cfg.task.family)`);
-    the main process does it first and caches it."""
+    """Load, label and tokenize the task's splits with `family`; the main process does it first and caches it."""
     task = cfg.task
     with main_process_first():
         raw, labels = family.load(task)
@@ -92,7 +88,6 @@ def prepare_data(cfg: DictConfig, family: Family, tokenizer: PreTrainedTokenizer
             tokenized = load_from_disk(str(path))
     features = {s: tokenized[s] for s in raw if s != "train"}
     examples = {s: raw[s] for s in raw if s != "train"}
-    # Evaluate in length order: little padding in the larger eval batches, the same scores as in file order.
     for s, ds in features.items():
         order = length_order(ds["length"][:])
         features[s] = ds.select(order)
