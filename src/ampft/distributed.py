@@ -1,8 +1,7 @@
 """The distributed group → Accelerate plugins, and the DeepSpeed config generated from Hydra.
 
-The DeepSpeed config is built here from the distributed group (ZeRO stage, buckets, offload), the trainer
-group (micro-batch, accumulation, clipping) and the precision group (`precision.deepspeed_section`), so
-precision is never written in two places and never disagrees with the run's precision group.
+The DeepSpeed config is built from the distributed, trainer and precision groups, so its precision can never
+disagree with the run's precision group.
 """
 
 from __future__ import annotations
@@ -62,9 +61,8 @@ def _deepspeed(cfg: DictConfig) -> bool:
 
 
 def cpu_world(cfg: DictConfig) -> bool:
-    """A launcher (accelerate launch, torchrun) started several ranks on a machine without GPUs: they train
-    as one gloo world (Accelerate's MULTI_CPU; FSDP2 on top for distributed=fsdp), whatever `distributed`
-    says. Without this, Accelerate would make each rank a lone process. DeepSpeed gets its world apart."""
+    """Several launched ranks on a machine without GPUs: they train as one gloo world (MULTI_CPU, FSDP2 on top
+    for distributed=fsdp), where Accelerate would make each a lone process. DeepSpeed gets its world apart."""
     return not torch.cuda.is_available() and int(os.environ.get("WORLD_SIZE", "1")) > 1 and not _deepspeed(cfg)
 
 
@@ -91,29 +89,25 @@ def accelerator_kwargs(cfg: DictConfig) -> dict[str, Any]:
 
         kwargs["fsdp_plugin"] = FullyShardedDataParallelPlugin(
             fsdp_version=2,
-            # fp16/bf16 mean autocast here as on every backend: fp32 sharded weights, all-gathers and gradient
-            # reductions (Accelerate's default policy for bf16 would cast the weights, LayerNorm included, and
-            # reduce gradients in bf16).
+            # fp16/bf16 mean autocast here as on every backend: fp32 weights, all-gathers and gradient reductions
+            # (Accelerate's default bf16 policy would cast the weights, LayerNorm included).
             mixed_precision_policy=MixedPrecisionPolicy(),
             reshard_after_forward=d.fsdp_reshard_after_forward,
             cpu_offload=d.fsdp_cpu_offload,
             auto_wrap_policy="transformer_based_wrap",
             state_dict_type="SHARDED_STATE_DICT",
             cpu_ram_efficient_loading=False,
-            # Activation checkpointing is model.gradient_checkpointing's (models.enable_gradient_checkpointing), never
-            # the plugin's: Accelerate's wrapper recomputes without restoring the RNG (other dropout masks), and
-            # both at once would checkpoint every layer twice. False here also ignores FSDP_ACTIVATION_CHECKPOINTING,
-            # which `launcher_checkpointing_problem` refuses up front.
+            # Activation checkpointing is model.gradient_checkpointing's, never the plugin's: Accelerate's wrapper
+            # recomputes without restoring the RNG (other dropout masks). `launcher_checkpointing_problem`
+            # refuses FSDP_ACTIVATION_CHECKPOINTING, which False here would ignore.
             activation_checkpointing=False,
         )
     return kwargs
 
 
 def launcher_checkpointing_problem(env: dict[str, str] | None = None) -> str | None:
-    """Accelerate told to checkpoint activations itself (`accelerate launch --fsdp_activation_checkpointing`, or
-    `fsdp_activation_checkpointing: true` in its config file, both reaching the ranks as
-    FSDP_ACTIVATION_CHECKPOINTING): ampft would silently not do it (its FSDP plugin says False), so the run is
-    refused with the switch that does."""
+    """Accelerate told to checkpoint activations itself (FSDP_ACTIVATION_CHECKPOINTING, from its flag or config
+    file), which ampft's FSDP plugin would silently not do: the refusal names the switch that does."""
     told = (os.environ if env is None else env).get("FSDP_ACTIVATION_CHECKPOINTING", "false").strip().lower()
     if told not in ("1", "true", "yes", "on"):
         return None
@@ -126,11 +120,9 @@ def launcher_checkpointing_problem(env: dict[str, str] | None = None) -> str | N
 def fsdp_on_cpu(accelerator, plugin) -> None:
     """Run FSDP2 on CPU ranks through Accelerate's own FSDP path.
 
-    Accelerate 1.15 takes an FSDP plugin only for GPU-like worlds (MULTI_CPU is missing from the list in
-    `AcceleratorState.__init__`), so on CPU ranks it silently runs plain DDP. `fully_shard` itself runs on
-    gloo (torch >= 2.6), so ampft finishes the set-up Accelerate skipped, exactly as it does for GPUs: the
-    FSDP type, the plugin, its mixed-precision policy. Everything after that (fully_shard per layer and the
-    root in `prepare`, sharded DCP checkpoints, the gathered export) is Accelerate's unchanged FSDP2 code.
+    Accelerate 1.15 takes an FSDP plugin only for GPU-like worlds, so on CPU ranks it silently runs plain DDP;
+    `fully_shard` runs on gloo, so ampft finishes the set-up Accelerate skipped (the FSDP type, the plugin, its
+    mixed-precision policy) and everything after is Accelerate's unchanged FSDP2 code.
     """
     from accelerate.state import PartialState
     from accelerate.utils import DistributedType
@@ -146,9 +138,8 @@ def fsdp_on_cpu(accelerator, plugin) -> None:
 
 
 def transformer_layer_class(model: torch.nn.Module) -> str:
-    """The class name of the model's transformer block (BertLayer, RobertaLayer, ...): the element type of its
-    largest ModuleList of identical modules. FSDP wraps each of these (not `_no_split_modules`, which for BERT
-    also names the embeddings, nested in the model and sharded twice)."""
+    """The class name of the model's transformer block (BertLayer, ...): the element type of its largest
+    ModuleList of identical modules. Not `_no_split_modules`, which for BERT also names the embeddings."""
     lists = [m for m in model.modules()
              if isinstance(m, torch.nn.ModuleList) and len(m) and len({type(x) for x in m}) == 1]
     if not lists:
@@ -166,10 +157,9 @@ def set_fsdp_layers(accelerator, model: torch.nn.Module) -> None:
 
 @contextmanager
 def whole_model_init(accelerator):
-    """Build the model whole on every rank, as one process does, so that one seed gives the same initial
-    weights on every backend; DeepSpeed ZeRO-3 partitions it in `prepare`. (Accelerate's DeepSpeed plugin
-    registers its config with transformers, which then builds ZeRO-3 models under `deepspeed.zero.Init`:
-    partitioned at birth and initialised differently. The cost: the whole model once per rank, at start.)"""
+    """Build the model whole on every rank, so that one seed gives the same initial weights on every backend
+    (transformers would build ZeRO-3 models under `deepspeed.zero.Init`, initialised differently); ZeRO-3
+    partitions it in `prepare`."""
     plugin = accelerator.state.deepspeed_plugin
     if plugin is None:
         yield
@@ -184,17 +174,15 @@ def whole_model_init(accelerator):
 
 
 def quiet_deepspeed() -> None:
-    """Wherever DeepSpeed is installed, accelerate and transformers import it (unwrapping a model, say), and on a
-    machine without a GPU it then warns "Setting accelerator to CPU", DeepSpeed used or not. CPU is what it would
-    pick: say so up front (DS_ACCELERATOR), unless the user set it."""
+    """An installed DeepSpeed, imported by accelerate or transformers, warns "Setting accelerator to CPU" on
+    machines without a GPU: say CPU up front (DS_ACCELERATOR), unless the user set it."""
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 
 def prepare_environment(cfg: DictConfig, run_dir: Path) -> None:
-    """DeepSpeed JIT-builds its ops under TORCH_EXTENSIONS_DIR, by default ~/.cache/torch_extensions, shared by
-    every run of the machine: a lock left there by a killed build hangs every later run. Each DeepSpeed run
-    builds in its own folder unless TORCH_EXTENSIONS_DIR is set."""
+    """Each DeepSpeed run JIT-builds its ops in its own folder unless TORCH_EXTENSIONS_DIR is set: in the shared
+    default, a lock left by a killed build hangs every later run."""
     quiet_deepspeed()
     if cfg.distributed.backend == Backend.deepspeed:
         os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(run_dir).resolve() / "torch_extensions"))
