@@ -1,12 +1,10 @@
-"""What a run reports: metrics.jsonl, Accelerate trackers (TensorBoard by default), the progress bar,
-summary.json and the summary printed at the end. Only the main process writes; every value is written
-as measured (a NaN loss is logged as NaN, never dropped)."""
+"""What a run reports: metrics.jsonl, Accelerate trackers, the progress bar, summary.json and the printed
+summary. Only the main process writes; every value is written as measured (a NaN loss stays NaN)."""
 
 from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import resource
 from collections.abc import Iterator
@@ -28,8 +26,8 @@ log = logging.getLogger(__name__)
 
 
 def log_with(logger: str) -> str | None:
-    """Accelerate's `log_with` for logging.name. None for `none`, and, with a warning naming the fix, when the
-    tracker's package is not installed: Accelerate would drop the tracker without a word."""
+    """Accelerate's `log_with` for logging.name; None for `none`, or with a warning when the tracker's package
+    is missing (Accelerate would drop it without a word)."""
     if logger == "none":
         return None
     if logger not in {str(t) for t in accelerate.tracking.get_available_trackers()}:
@@ -43,9 +41,8 @@ def log_with(logger: str) -> str | None:
 
 @contextmanager
 def clean_console() -> Iterator[None]:
-    """One console for a run: log lines go through tqdm, so they never land inside the progress bar's line, and
-    the only bar is ampft's own (datasets' Map/Saving bars and transformers' loading/writing bars are off for the
-    run, restored afterwards)."""
+    """One console for a run: log lines go through tqdm (never inside the bar's line), and the only bar is
+    ampft's own (datasets' and transformers' bars are off for the run, restored afterwards)."""
     bars = [(datasets.is_progress_bar_enabled(), datasets.enable_progress_bars, datasets.disable_progress_bars),
             (transformers.utils.logging.is_progress_bar_enabled(), transformers.utils.logging.enable_progress_bar,
              transformers.utils.logging.disable_progress_bar)]
@@ -61,9 +58,8 @@ def clean_console() -> Iterator[None]:
 
 
 def tracker_kwargs(logger: str, run_dir: Path) -> dict[str, dict]:
-    """Every output of a run inside its run dir, unless the user says where it goes: W&B's files (offline runs
-    too) in <run dir>/wandb unless WANDB_DIR is set; MLflow's store in <run dir>/mlflow.db unless
-    MLFLOW_TRACKING_URI is set (a server, or a store shared by runs)."""
+    """Every output of a run inside its run dir: W&B's files unless WANDB_DIR is set, MLflow's store
+    (<run dir>/mlflow.db) unless MLFLOW_TRACKING_URI is set."""
     if logger == "wandb" and "WANDB_DIR" not in os.environ:
         return {"wandb": {"dir": str(Path(run_dir).resolve())}}
     if logger == "mlflow" and "MLFLOW_TRACKING_URI" not in os.environ:
@@ -80,20 +76,12 @@ def peak_memory_bytes(device: torch.device) -> tuple[int, str]:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024, "cpu_peak_rss"
 
 
-def _json_safe(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        value = value.item()
-    return value
-
-
 class Tracker:
     def __init__(self, accelerator: Accelerator, run_dir: Path, logger: str, project: str,
                  hparams: dict[str, Any], total_steps: int, progress_bar: bool, history_until: int = 0,
                  evaluated: bool = True):
-        """`history_until`: the step training starts from (a resumed checkpoint's, else 0): later entries
-        of an earlier metrics.jsonl belong to a replaced timeline (see `trim_history`); `evaluated`: the
-        checkpoint holds that step's evaluation (else one logged at that step came after the save, and the
-        run does it again)."""
+        """`history_until`, `evaluated`: the step training starts from and whether its checkpoint holds that
+        step's evaluation (see `trim_history`)."""
         self.accelerator = accelerator
         self.main = accelerator.is_main_process
         self.run_dir = run_dir
@@ -110,7 +98,7 @@ class Tracker:
                         disable=not (self.main and progress_bar))
 
     def log(self, event: str, step: int, values: dict[str, Any]) -> None:
-        values = {k: _json_safe(v) for k, v in values.items()}
+        values = {k: v.item() if isinstance(v, torch.Tensor) else v for k, v in values.items()}
         if self.jsonl is not None:
             self.jsonl.write(json.dumps({"event": event, "step": step, **values}) + "\n")
             self.jsonl.flush()
@@ -127,8 +115,8 @@ class Tracker:
         self.bar.update(n)
 
     def close(self) -> None:
-        """Finish the trackers, not the process group: `accelerator.end_training()` would also destroy it, and
-        the export, the summary and their barriers still need it (`finetune.run` ends it once, at exit)."""
+        """Finish the trackers, not the process group (as `accelerator.end_training()` would): the export and
+        the summary still need it."""
         self.bar.close()
         if self.jsonl is not None:
             self.jsonl.close()
@@ -141,12 +129,9 @@ REPLACED = "metrics.replaced.jsonl"
 
 
 def trim_history(path: Path, step: int, evaluated: bool = True) -> int:
-    """Make metrics.jsonl the history of the run going on, starting from `step`: entries past it (logged
-    before a crash, preemption or abandoned line, and about to be logged again) move to
-    metrics.replaced.jsonl next to it, so nothing is lost; metrics.jsonl is replaced atomically. A torn
-    last line (a kill in the middle of a write) moves too. `evaluated` false: an evaluation logged at `step`
-    itself came after the checkpoint (the end of an epoch, the end of training) and is about to be done
-    again: it moves too. Returns the number of entries moved."""
+    """Make metrics.jsonl the history of the run resuming at `step`: entries past it, a torn last line and
+    (with `evaluated` false) an evaluation at `step` itself move to metrics.replaced.jsonl, so nothing is
+    lost. Returns the number of entries moved."""
     if not path.is_file():
         return 0
     keep, moved = [], []
@@ -171,9 +156,7 @@ def trim_history(path: Path, step: int, evaluated: bool = True) -> int:
 
 
 def _fmt(v: Any) -> str:
-    if isinstance(v, float):
-        return f"{v:.4g}" if math.isfinite(v) else str(v)
-    return str(v)
+    return f"{v:.4g}" if isinstance(v, float) else str(v)  # nan and inf as such
 
 
 def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
