@@ -1,21 +1,17 @@
 """A multirun (`python recipes/finetune.py -m ...`) that survives its jobs and says how each one ended.
 
-`SweepSummary` is a Hydra callback (conf/finetune.yaml, `hydra.callbacks`). In a multirun:
+`SweepSummary` is a Hydra callback (conf/finetune.yaml, `hydra.callbacks`); in a single run it does nothing.
+In a multirun:
 
-- a job's expected failure (an `AmpftError`: a config problem, bad data, a diverged run) is recorded with its
-  exit code and one-line message and the sweep goes on with the next job (`ampft.errors.exit_on_error`
-  re-raises it inside such a sweep instead of exiting the process);
-- after every job, `<sweep dir>/summary.md` and `summary.json` are rewritten with a row per job so far:
-  its overrides, status, exit code, the task's main metric, wall time, run dir and error. A job that crashes
-  with an unexpected exception is a row too (status `crashed`); Hydra then prints its traceback at the end;
-- the sweep exits 0 when every job completed and 1 when any failed (each job's own code is in the summary),
-  75 right after a preempted job (the machine is going away: no further job is started);
-- under the Optuna sweeper (`hydra/sweeper=optuna`) the study's direction follows the main metric
-  (`ampft.config.metric_mode`: maximize accuracy/f1/..., minimize loss/error) unless
-  `hydra.sweeper.direction` is on the command line, and a failed trial is told to Optuna as failed without
-  ending the study (`max_failure_rate` 1 unless given).
-
-In a single run it does nothing.
+- a job's expected failure (an `AmpftError`) is recorded with its exit code and one-line message, and the
+  sweep goes on (`ampft.errors.exit_on_error` re-raises it inside a sweep instead of exiting);
+- after every job, `<sweep dir>/summary.md` and `summary.json` are rewritten with a row per job so far; a job
+  that crashes with an unexpected exception is a row too (status `crashed`);
+- the sweep exits 0 when every job completed, 1 when any failed, 75 right after a preempted job (no further
+  job is started);
+- under the Optuna sweeper the study's direction follows the main metric (`ampft.config.metric_mode`) unless
+  `hydra.sweeper.direction` is given, and a failed trial does not end the study (`max_failure_rate` 1 unless
+  given).
 """
 
 from __future__ import annotations
@@ -151,8 +147,8 @@ class SweepSummary(Callback):
         return "\n".join(lines)
 
     def _write(self) -> None:
-        """summary.json and summary.md, each replaced whole (never half-written, also when a job crashes); by
-        rank 0 only (`accelerate launch recipes/finetune.py -m ...` runs the sweep on every rank)."""
+        """summary.json and summary.md, each replaced whole; by rank 0 only (`accelerate launch
+        recipes/finetune.py -m ...` runs the sweep on every rank)."""
         assert self.sweep_dir is not None
         if int(os.environ.get("RANK", "0")) != 0:
             return
