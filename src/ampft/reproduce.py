@@ -3,14 +3,11 @@
     make reproduce experiment=sst2-bert-base steps=200 [model=minilm-l6] [task.train_file=... ...]
     make reproduce experiment=squad-bert-base minutes=10 ...
 
-`steps=N` runs the recipe with trainer.max_steps=N (its learning-rate schedule compressed into N steps);
-`minutes=M` runs it with trainer.max_minutes=M (its schedule as planned, training stopped when the time is
-up). Every other argument is a fine-tuning override, as for `make finetune`. The run goes through the same
-launcher as `make finetune`; afterwards RUN_DIR/reproduce.md and reproduce.json set the run's scores next
-to the published ones (the experiment's `published:` block) and say how much of the recipe the budget
-covered. A budgeted run shows whether the recipe is on track (the data loads, the loss falls, the score
-moves towards the published one); the published numbers themselves need the recipe's full model, data
-and epochs.
+`steps=N` sets trainer.max_steps=N (the schedule compressed into N steps); `minutes=M` sets
+trainer.max_minutes=M (the schedule as planned, stopped when time is up). Every other argument is a
+`make finetune` override, and the run goes through its launcher; afterwards RUN_DIR/reproduce.md and
+reproduce.json set the scores next to the experiment's `published:` block and say how much of the recipe
+the budget covered: whether the recipe is on track, not the published numbers themselves.
 """
 
 from __future__ import annotations
@@ -82,13 +79,12 @@ def report(summary: dict[str, Any], cfg: DictConfig, recipe: DictConfig, budget:
     used = dict(steps=summary["steps"], epochs=summary["epochs"], train_seconds=summary["train_seconds"],
                 wall_seconds=summary["wall_seconds"], train_samples=summary["train_samples"])
     share = summary["epochs"] / recipe.trainer.epochs if planned is None else summary["steps"] / planned
+    trail = _train_losses(Path(summary["run_dir"]))
     data = dict(experiment=experiment, budget=budget, used=used, share_of_recipe=share, model=cfg.model.name,
                 recipe_model=recipe.model.name, precision=summary["precision"], device=summary["device_name"],
                 train_file=cfg.task.train_file, validation_file=cfg.task.validation_file,
                 published=dict(source=cfg.published.source, split=cfg.published.split), scores=rows,
-                run_dir=summary["run_dir"])
-    trail = _train_losses(Path(summary["run_dir"]))
-    data["train_losses"] = trail
+                run_dir=summary["run_dir"], train_losses=trail)
     losses = (f"{trail[0][1]:.4g} at step {trail[0][0]} -> {trail[-1][1]:.4g} at step {trail[-1][0]}" if trail
               else "none logged")
     asked = " and ".join(f"{v:g} {k}" for k, v in budget.items())
@@ -110,7 +106,7 @@ def report(summary: dict[str, Any], cfg: DictConfig, recipe: DictConfig, budget:
         *(f"| {r['metric']} | {fmt(r['run'])} | {r['published']:.1f} | {fmt(r['gap'])} |" for r in rows),
         "",
         f"Published: {cfg.published.source}, on {cfg.published.split}; this run scores the data named above"
-        + (f" and {', '.join(extra_split_names(cfg.task))}" if cfg.task.extra_validation_splits else "") + ".",
+        + (f" and {', '.join(extras)}" if extras else "") + ".",
         "",
         f"**These are not the published numbers.** They need the recipe's full model ({recipe.model.name}), its "
         f"full training data and all {recipe.trainer.epochs:g} epochs"
