@@ -1,16 +1,11 @@
 """The GPUs ampft knows: memory, memory bandwidth and dense peak TFLOP/s per precision, from the vendors' datasheets.
 
-CPUs have no table: what decides their half-precision speed is read from /proc/cpuinfo (`cpu_flags`, `cpu_name`,
-`cpu_features`), here too, for the precision checks, the estimate's CPU device and the benchmark reports.
+One table for `make estimate` (`estimate.gpu=...`) and the benchmarks' MFU (matched by
+`torch.cuda.get_device_name()`), beside the published claims both check (`TIME_CLAIM` ..., the NVIDIA and Hugging
+Face anchors). CPUs have no table: their half-precision features are read from /proc/cpuinfo (`cpu_flags` ...).
 
-One GPU table for its two users: `make estimate` (`estimate.gpu=...`: what a recipe needs and how long it takes) and
-the benchmarks' MFU (`ampft.benchmark.flops.peak_tflops`, matched by `torch.cuda.get_device_name()`). Beside it,
-the published claims both check (`TIME_CLAIM` ..., the NVIDIA and Hugging Face anchors): the benchmark measures them,
-the estimate predicts them, and neither package imports the other for them.
-
-Tensor Core figures are dense: datasheets print them "with sparsity", twice as high, and are halved here. fp32 is
-the CUDA-core rate that `precision=fp32` (TF32 off) runs at; tf32/fp16/bf16 are Tensor Core rates with fp32
-accumulate (what autocast uses). None: the GPU has no such path (V100 and T4 have no TF32 or bf16).
+Tensor Core figures are dense (datasheets' "with sparsity" halved); fp32 is the CUDA-core rate `precision=fp32`
+runs at; tf32/fp16/bf16 are Tensor Core rates with fp32 accumulate. None: the GPU has no such path.
 """
 
 from __future__ import annotations
@@ -96,12 +91,11 @@ NVIDIA_ANCHOR = dict(device="A100-80GB", model="bert-large", seq_len=384, batch_
 HF_ANCHOR = dict(device="V100", model="bert-large", seq_len=512, batch_size=4, speedup=2.1, memory_saving=0.07)
 
 
-# The CPU features that decide half-precision speed on a CPU (as /proc/cpuinfo spells them). Without native
-# float16 arithmetic (AVX512-FP16 or AMX-FP16) float16 autocast on a CPU is many times slower than fp32, and
-# bfloat16 is fast only with AVX512-BF16 or AMX-BF16: measured ratios per kind of CPU in CPU_SPEED_DOC.
+# The CPU features (as /proc/cpuinfo spells them) without which fp16 autocast on a CPU is many times slower
+# than fp32, and bf16 is not fast: measured ratios per kind of CPU in CPU_SPEED_DOC.
 FP16_CPU_FLAGS = ("avx512_fp16", "amx_fp16")
 BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
-HALF_CPU_FLAGS = ("avx512_fp16", "amx_fp16", "avx512_bf16", "amx_bf16", "amx_tile")
+HALF_CPU_FLAGS = (*FP16_CPU_FLAGS, *BF16_CPU_FLAGS, "amx_tile")
 CPU_SPEED_DOC = "docs/benchmarks/README.md#fp16-and-bf16-speed-by-kind-of-cpu"
 
 
@@ -121,8 +115,7 @@ def _cpuinfo(field: str, cpuinfo: str | None = None) -> str | None:
 
 
 def cpu_flags(cpuinfo: str | None = None) -> set[str]:
-    """The CPU's feature flags: the first `flags` line of /proc/cpuinfo (or of the given text); empty where
-    there is none (not Linux, or an architecture that names them otherwise)."""
+    """The CPU's feature flags: the first `flags` line of /proc/cpuinfo (or of the given text), else empty."""
     return set((_cpuinfo("flags", cpuinfo) or "").split())
 
 
@@ -132,8 +125,7 @@ def cpu_name(cpuinfo: str | None = None) -> str:
 
 
 def cpu_half_support(flags: set[str]) -> dict[str, list[str]]:
-    """{"fp16": the native float16 features present, "bf16": the native bfloat16 ones}: an empty list means
-    that precision has no hardware path on this CPU."""
+    """{"fp16": the native float16 features present, "bf16": the bfloat16 ones}; empty: no hardware path."""
     return {"fp16": [f for f in FP16_CPU_FLAGS if f in flags], "bf16": [f for f in BF16_CPU_FLAGS if f in flags]}
 
 
