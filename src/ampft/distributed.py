@@ -111,10 +111,11 @@ def launcher_checkpointing_problem(env: dict[str, str] | None = None) -> str | N
     told = (os.environ if env is None else env).get("FSDP_ACTIVATION_CHECKPOINTING", "false").strip().lower()
     if told not in ("1", "true", "yes", "on"):
         return None
-    return ("Accelerate was told fsdp_activation_checkpointing=true (accelerate launch --fsdp_activation_checkpointing, "
-            "its config file, or FSDP_ACTIVATION_CHECKPOINTING): in ampft activation checkpointing is one switch for "
-            "every backend, model.gradient_checkpointing=true (it replays the dropout masks; Accelerate's FSDP wrapper "
-            "does not). Drop the launcher's setting and pass model.gradient_checkpointing=true")
+    return ("Accelerate was told fsdp_activation_checkpointing=true (accelerate launch "
+            "--fsdp_activation_checkpointing, its config file, or FSDP_ACTIVATION_CHECKPOINTING): in ampft activation "
+            "checkpointing is one switch for every backend, model.gradient_checkpointing=true (it replays the dropout "
+            "masks; Accelerate's FSDP wrapper does not). Drop the launcher's setting and pass "
+            "model.gradient_checkpointing=true")
 
 
 def fsdp_on_cpu(accelerator, plugin) -> None:

@@ -94,20 +94,21 @@ def _check_csv(path: str, key: str, names: list[str] | None = None) -> None:
             reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE) if tsv else csv.reader(f)
             width, start = (None if names is None else len(names)), 1
             for row in reader:
-                if row:  # blank lines are skipped, as pandas does
-                    if width is None:
-                        width = len(row)
-                    elif len(row) != width and names is not None:
-                        raise DataError(f"{key}: line {start} has {len(row)} fields ({row[:6]!r}) but task.column_names "
-                                        f"names {len(names)}: {list(names)}. Name every column, in order, or fix the line (a "
-                                        "file with a header line: task.column_names=null)")
-                    elif len(row) != width:
-                        what = "tab" if tsv else "comma"
-                        raise DataError(
-                            f"{key}: line {start} has {len(row)} fields where the header (the first line) has "
-                            f"{width}: {row[:6]!r}. A {what} too many or too few in that line shifts or drops "
-                            "columns; fix the line" + (" (quote fields that contain commas)" if not tsv else "")
-                        )
+                if not row:  # blank lines are skipped, as pandas does
+                    pass
+                elif width is None:
+                    width = len(row)
+                elif len(row) != width and names is not None:
+                    raise DataError(f"{key}: line {start} has {len(row)} fields ({row[:6]!r}) but "
+                                    f"task.column_names names {len(names)}: {list(names)}. Name every column, in "
+                                    "order, or fix the line (a file with a header line: task.column_names=null)")
+                elif len(row) != width:
+                    what = "tab" if tsv else "comma"
+                    raise DataError(
+                        f"{key}: line {start} has {len(row)} fields where the header (the first line) has "
+                        f"{width}: {row[:6]!r}. A {what} too many or too few in that line shifts or drops "
+                        "columns; fix the line" + (" (quote fields that contain commas)" if not tsv else "")
+                    )
                 start = reader.line_num + 1
     except csv.Error as exc:
         raise DataError(f"{key}: line {reader.line_num}: {exc}") from exc
@@ -166,7 +167,8 @@ def check_empty_texts(empty: list, rows: int, task: DictConfig, where: str, what
 
 
 def _load_files(task: DictConfig, read_file: Callable[[str, str], Dataset]) -> DatasetDict:
-    raw = DatasetDict(train=read_file(task.train_file, "train"), validation=read_file(task.validation_file, "validation"))
+    raw = DatasetDict(train=read_file(task.train_file, "train"),
+                      validation=read_file(task.validation_file, "validation"))
     for name, path in zip(extra_split_names(task), task.extra_validation_splits, strict=True):
         raw[name] = read_file(path, name)
     return raw
