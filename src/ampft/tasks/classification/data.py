@@ -75,10 +75,9 @@ def _is_blank(v) -> bool:
 
 
 def check_labels(raw: DatasetDict, task: DictConfig) -> None:
-    """Empty labels (and non-numbers for regression) are errors naming the file and rows; a label set that
-    looks like a mistake (integer-like names mixed with words, a class far rarer than the others) is logged
-    as a warning with the counts. An empty csv cell would otherwise become a class '' and `0,1,neg,pos` four
-    classes, silently."""
+    """Empty labels (and non-numbers for regression) are errors naming the file and rows; a label set that looks
+    like a mistake (integer-like names mixed with words, a very rare class) is a warning: an empty csv cell would
+    otherwise silently become a class '' and `0,1,neg,pos` four classes."""
     col = task.label_column
     for split, ds in raw.items():
         if isinstance(ds.features[col], ClassLabel):
@@ -95,8 +94,7 @@ def check_labels(raw: DatasetDict, task: DictConfig) -> None:
                                 f"{sorted({str(values[i]) for i in bad})[:5]} in {_rows(task, split, bad)}; "
                                 "use numbers, or task.family=classification for class labels")
     train = raw["train"]
-    if task.family != "classification" or task.labels is not None or isinstance(train.features[col],
-                                                                                         ClassLabel):
+    if task.family != "classification" or task.labels is not None or isinstance(train.features[col], ClassLabel):
         return
     counts = Counter(str(v) for v in train[col])
     shown = dict(sorted(counts.items()))
