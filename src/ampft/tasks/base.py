@@ -47,8 +47,8 @@ class Family:
                                              "typical_label_count")
 
     def check(self, task: DictConfig, files: list[tuple[str, str]]) -> list[str]:
-        """The family's own problems with the task group (`files`: (key, path) of the local files), one message
-        per problem naming the key and what would work; `ampft.validation.validate` adds them to the others."""
+        """The family's own problems with the task group (`files`: (key, path) of local files), one message each
+        naming the key and what would work."""
         raise NotImplementedError
 
     def check_file(self, path: str) -> None:
@@ -82,8 +82,8 @@ class Family:
                                        pad_to_multiple_of=pad_to_multiple_of)
 
     def fake_targets(self, batch_size: int, seq_len: int) -> dict[str, torch.Tensor]:
-        """A batch's training targets as zeros in the shapes and dtypes the model's loss takes: what `make
-        estimate` traces a step with (inside torch's FakeTensorMode, so no memory is used)."""
+        """A batch's training targets as zeros in the shapes and dtypes the loss takes (`make estimate` traces a
+        step with them in FakeTensorMode)."""
         raise NotImplementedError
 
     def model_kwargs(self, labels: list[str] | None) -> dict[str, Any]:

@@ -1,6 +1,5 @@
-"""Sequence classification and regression data: the configured text and label columns checked, label names in
-id order, labels mapped to ids (or floats for regression), the class binary F1 scores. Errors name the file
-and rows."""
+"""Sequence classification and regression data: columns checked, label names in id order, labels as ids (or
+floats), the class binary F1 scores. Errors name the file and rows."""
 
 from __future__ import annotations
 
@@ -137,9 +136,8 @@ POSITIVE_NAMES = ("1", "true", "positive", "pos", "yes")  # tried in order when 
 
 
 def positive_label(task: DictConfig, labels: list[str] | None) -> str | None:
-    """The class binary F1 scores: task.positive_label, else the label named 1, true, positive, pos or yes (any case);
-    None when the task does not have exactly two labels. Raises DataError when F1 is asked for and neither
-    names one of the two labels."""
+    """The class binary F1 scores: task.positive_label, else the first of POSITIVE_NAMES (any case); None without
+    exactly two labels. A DataError when F1 is asked for and neither names one of the two labels."""
     if task.family != "classification" or labels is None or len(labels) != 2:
         return None
     if task.positive_label is not None:
@@ -159,12 +157,9 @@ def positive_label(task: DictConfig, labels: list[str] | None) -> str | None:
 
 
 def encode_labels(raw: DatasetDict, task: DictConfig, labels: list[str] | None) -> DatasetDict:
-    """Add `labels`: ids into `labels` (by name; integers as ids only where task.labels says which name each id
-    stands for), floats for regression.
-
-    A split whose values are not the label names (the train split's sorted values when task.labels is unset) is
-    an error: train labels `worse`/`better` and validation labels `0`/`1` would otherwise be read as ids into the
-    sorted names, each meaning a guess."""
+    """Add `labels`: ids into `labels` by name (integers as ids only where task.labels names them), floats for
+    regression. A split whose values are not the label names is an error: validation labels `0`/`1` next to train
+    labels `worse`/`better` would otherwise be read as ids into the sorted names, a guess."""
     col = task.label_column
     if labels is None:
         return raw.map(lambda b: {"labels": [float(v) for v in b[col]]}, batched=True)

@@ -28,14 +28,10 @@ class _Metric(evaluate.Metric):
     value_type = "int64"
 
     def _info(self) -> evaluate.MetricInfo:
-        return evaluate.MetricInfo(
-            description=self.__doc__ or "",
-            citation="",
-            inputs_description="predictions and references, one per example",
-            features=datasets.Features(
-                {"predictions": datasets.Value(self.value_type), "references": datasets.Value(self.value_type)}
-            ),
-        )
+        value = datasets.Value(self.value_type)
+        return evaluate.MetricInfo(description=self.__doc__ or "", citation="",
+                                   inputs_description="predictions and references, one per example",
+                                   features=datasets.Features({"predictions": value, "references": value}))
 
 
 class Accuracy(_Metric):
@@ -105,8 +101,7 @@ def load_metric(name: str) -> evaluate.Metric:
 
 def compute(names: list[str], predictions, references, num_labels: int | None = None,
             positive: int = 1) -> dict[str, float]:
-    """All named metrics; `num_labels` (classification) decides binary vs macro F1, `positive` is the label id
-    binary F1 scores."""
+    """All named metrics; `num_labels` decides binary vs macro F1, `positive` is the label id binary F1 scores."""
     out: dict[str, float] = {}
     for name in names:
         kwargs = {"num_labels": num_labels, "positive": positive} if name == "f1" and num_labels else {}

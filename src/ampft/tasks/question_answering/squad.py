@@ -28,10 +28,8 @@ FEATURES = datasets.Features({
 
 
 def read_squad(path: str | Path, answers: bool = True) -> datasets.Dataset:
-    """One row per question; v2.0 unanswerable questions (`is_impossible`) get empty answer lists.
-    `answers=False`: questions to answer, whose `answers` key may be absent (read as none).
-
-    A missing or mistyped key is a ValueError naming where it is (article, paragraph, question id)."""
+    """One row per question; v2.0 unanswerable questions (`is_impossible`) get empty answer lists, as do questions
+    without `answers` when `answers=False` (to predict). A missing or mistyped key is a ValueError naming where."""
     rows = []
     where = "the top level"
     try:
@@ -43,7 +41,8 @@ def read_squad(path: str | Path, answers: bool = True) -> datasets.Dataset:
                 where = f"data[{a}].paragraphs[{p}]"
                 context = paragraph["context"]
                 for q, qa in enumerate(paragraph["qas"]):
-                    where = f"data[{a}].paragraphs[{p}].qas[{q}] (id {qa['id']!r})"
+                    where = f"data[{a}].paragraphs[{p}].qas[{q}]"
+                    where += f" (id {qa['id']!r})"  # in two steps: a missing id is reported at its question
                     given = [] if qa.get("is_impossible", False) else qa["answers"] if answers else qa.get("answers", [])
                     for i, answer in enumerate(given):
                         if not isinstance(answer.get("text"), str) or not isinstance(answer.get("answer_start"), int):
