@@ -1,11 +1,5 @@
-"""The task family interface and its registry.
-
-A family is one object, registered once under its `task.family` name (`register`), that owns everything
-that differs between task kinds: its metric table, model class and its config kwargs, pipeline tag, config
-checks and file formats, data loading, tokenization, collation and evaluation. `family_for(name)` looks the
-object up; `ampft.finetune.build` does that once per run and passes it on (to `ampft.data`, `build_model`,
-`ampft.tasks.evaluate`, the model card).
-"""
+"""The task family interface and its registry: one object per `task.family` name owns everything that differs
+between task kinds. `ampft.finetune.build` looks it up once per run (`family_for`) and passes it on."""
 
 from __future__ import annotations
 
@@ -22,8 +16,8 @@ from transformers import DataCollatorWithPadding, PretrainedConfig, PreTrainedTo
 
 
 class Family:
-    """What the shared modules ask of a task family. The attributes without a value, and the methods that
-    raise NotImplementedError, are each family's own (`register` refuses a family that leaves an attribute unset)."""
+    """What the shared modules ask of a task family. Attributes without a value and methods that raise
+    NotImplementedError are each family's own (`register` refuses a family that leaves an attribute unset)."""
 
     #: the task.family value that selects it
     name: ClassVar[str]
@@ -53,8 +47,8 @@ class Family:
                                              "typical_label_count")
 
     def check(self, task: DictConfig, files: list[tuple[str, str]]) -> list[str]:
-        """The family's own problems with the task group (`files`: (key, path) of the local files), one message
-        per problem naming the key and what would work; `ampft.validation.validate` adds them to the others."""
+        """The family's own problems with the task group (`files`: (key, path) of local files), one message each
+        naming the key and what would work."""
         raise NotImplementedError
 
     def check_file(self, path: str) -> None:
@@ -88,8 +82,8 @@ class Family:
                                        pad_to_multiple_of=pad_to_multiple_of)
 
     def fake_targets(self, batch_size: int, seq_len: int) -> dict[str, torch.Tensor]:
-        """A batch's training targets as zeros in the shapes and dtypes the model's loss takes: what `make
-        estimate` traces a step with (inside torch's FakeTensorMode, so no memory is used)."""
+        """A batch's training targets as zeros in the shapes and dtypes the loss takes (`make estimate` traces a
+        step with them in FakeTensorMode)."""
         raise NotImplementedError
 
     def model_kwargs(self, labels: list[str] | None) -> dict[str, Any]:
@@ -138,9 +132,8 @@ class Family:
 
 def encoded(inputs: Dataset, encode: Callable[[dict], dict], keep: tuple[str, ...] = (),
             desc: str = "tokenizing") -> Dataset:
-    """`inputs` as model features (a family's `tokenize` and `input_features`): `encode` turns a batch of examples
-    into features; each feature gets its `length` in tokens, which the length-grouped sampler and the
-    length-ordered batches sort by. The input columns go, but `keep`."""
+    """`inputs` as model features (`encode`: a batch of examples -> features), each with its `length` in tokens
+    for the length-grouped sampler and length-ordered batches. The input columns go, but `keep`."""
 
     def fn(batch):
         out = encode(batch)

@@ -1,6 +1,5 @@
-"""Sequence classification and regression data: the configured text and label columns checked, label names in
-id order, labels mapped to ids (or floats for regression), the class binary F1 scores. Errors name the file
-and rows."""
+"""Sequence classification and regression data: columns checked, label names in id order, labels as ids (or
+floats), the class binary F1 scores. Errors name the file and rows."""
 
 from __future__ import annotations
 
@@ -75,10 +74,9 @@ def _is_blank(v) -> bool:
 
 
 def check_labels(raw: DatasetDict, task: DictConfig) -> None:
-    """Empty labels (and non-numbers for regression) are errors naming the file and rows; a label set that
-    looks like a mistake (integer-like names mixed with words, a class far rarer than the others) is logged
-    as a warning with the counts. An empty csv cell would otherwise become a class '' and `0,1,neg,pos` four
-    classes, silently."""
+    """Empty labels (and non-numbers for regression) are errors naming the file and rows; a label set that looks
+    like a mistake (integer-like names mixed with words, a very rare class) is a warning: an empty csv cell would
+    otherwise silently become a class '' and `0,1,neg,pos` four classes."""
     col = task.label_column
     for split, ds in raw.items():
         if isinstance(ds.features[col], ClassLabel):
@@ -95,8 +93,7 @@ def check_labels(raw: DatasetDict, task: DictConfig) -> None:
                                 f"{sorted({str(values[i]) for i in bad})[:5]} in {_rows(task, split, bad)}; "
                                 "use numbers, or task.family=classification for class labels")
     train = raw["train"]
-    if task.family != "classification" or task.labels is not None or isinstance(train.features[col],
-                                                                                         ClassLabel):
+    if task.family != "classification" or task.labels is not None or isinstance(train.features[col], ClassLabel):
         return
     counts = Counter(str(v) for v in train[col])
     shown = dict(sorted(counts.items()))
@@ -139,9 +136,8 @@ POSITIVE_NAMES = ("1", "true", "positive", "pos", "yes")  # tried in order when 
 
 
 def positive_label(task: DictConfig, labels: list[str] | None) -> str | None:
-    """The class binary F1 scores: task.positive_label, else the label named 1, true, positive, pos or yes (any case);
-    None when the task does not have exactly two labels. Raises DataError when F1 is asked for and neither
-    names one of the two labels."""
+    """The class binary F1 scores: task.positive_label, else the first of POSITIVE_NAMES (any case); None without
+    exactly two labels. A DataError when F1 is asked for and neither names one of the two labels."""
     if task.family != "classification" or labels is None or len(labels) != 2:
         return None
     if task.positive_label is not None:
@@ -161,12 +157,9 @@ def positive_label(task: DictConfig, labels: list[str] | None) -> str | None:
 
 
 def encode_labels(raw: DatasetDict, task: DictConfig, labels: list[str] | None) -> DatasetDict:
-    """Add `labels`: ids into `labels` (by name; integers as ids only where task.labels says which name each id
-    stands for), floats for regression.
-
-    A split whose values are not the label names (the train split's sorted values when task.labels is unset) is
-    an error: train labels `worse`/`better` and validation labels `0`/`1` would otherwise be read as ids into the
-    sorted names, each meaning a guess."""
+    """Add `labels`: ids into `labels` by name (integers as ids only where task.labels names them), floats for
+    regression. A split whose values are not the label names is an error: validation labels `0`/`1` next to train
+    labels `worse`/`better` would otherwise be read as ids into the sorted names, a guess."""
     col = task.label_column
     if labels is None:
         return raw.map(lambda b: {"labels": [float(v) for v in b[col]]}, batched=True)

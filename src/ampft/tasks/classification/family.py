@@ -17,7 +17,7 @@ from transformers import AutoModelForSequenceClassification, PreTrainedTokenizer
 
 from ampft.data.load import PREDICT, DataError, file_format, load_file
 from ampft.inference import predict
-from ampft.tasks.base import Family, encoded, register
+from ampft.tasks.base import Family, column_names_unread, encoded, register
 from ampft.tasks.classification import metrics as glue
 from ampft.tasks.classification.data import encode_labels, label_names, load_raw, positive_label
 
@@ -26,6 +26,11 @@ def texts(batch: dict, fields: list[str]) -> list[list[str]]:
     """The text columns of a batch of rows, one list per field (a missing value is the empty string): the
     tokenizer's positional arguments for single sentences or pairs."""
     return [[("" if t is None else str(t)) for t in batch[f]] for f in fields]
+
+
+def _encoder(task: DictConfig, tokenizer: PreTrainedTokenizerBase):
+    fields = list(task.text_fields)
+    return lambda batch: tokenizer(*texts(batch, fields), truncation=True, max_length=task.max_length)
 
 
 def example_losses(logits: torch.Tensor, labels: torch.Tensor, regression: bool) -> torch.Tensor:
@@ -59,11 +64,8 @@ def evaluate_model(accelerator: Accelerator, model, dataloader: DataLoader, metr
 def column_names_problems(task: DictConfig, files: list[tuple[str, str]]) -> list[str]:
     """task.column_names names the columns of headerless local .csv/.tsv files."""
     names = task.column_names
-    if names is None:
-        return []
-    if not files:
-        return [f"task.column_names={list(names)}: only for local .csv/.tsv files of a classification or regression "
-                "task (task.train_file=...)"]
+    if names is None or not files:
+        return column_names_unread(task)
     problems = [f"{key if key == 'file' else 'task.' + key}={path}: task.column_names is for headerless .csv/.tsv "
                 f"files, not {Path(path).suffix}" for key, path in files if Path(path).suffix.lower() not in (".csv", ".tsv")]
     if len(set(names)) != len(names):
@@ -109,9 +111,8 @@ class Classification(Family):
     def check(self, task: DictConfig, files: list[tuple[str, str]]) -> list[str]:
         problems = column_names_problems(task, files)
         if not 1 <= len(task.text_fields) <= 2:
-            problems.append(
-                f"task.text_fields={list(task.text_fields)}: give one column (single sentence) or two (pair)"
-            )
+            problems.append(f"task.text_fields={list(task.text_fields)}: give one column (single sentence) or two "
+                            "(pair)")
         return problems
 
     def check_file(self, path: str) -> None:
@@ -128,11 +129,7 @@ class Classification(Family):
 
     def tokenize(self, raw: DatasetDict, task: DictConfig, tokenizer: PreTrainedTokenizerBase,
                  labels: list[str] | None) -> DatasetDict:
-        fields = list(task.text_fields)
-
-        def fn(batch):
-            return tokenizer(*texts(batch, fields), truncation=True, max_length=task.max_length)
-
+        fn = _encoder(task, tokenizer)
         return DatasetDict({s: encoded(ds, fn, keep=("labels",), desc=f"tokenizing {s}") for s, ds in raw.items()})
 
     def fake_targets(self, batch_size: int, seq_len: int) -> dict[str, torch.Tensor]:
@@ -149,9 +146,7 @@ class Classification(Family):
         return read_inputs(task, path)
 
     def input_features(self, inputs: Dataset, task: DictConfig, tokenizer: PreTrainedTokenizerBase) -> Dataset:
-        fields = list(task.text_fields)
-        return encoded(inputs, lambda batch: tokenizer(*texts(batch, fields), truncation=True,
-                                                       max_length=task.max_length))
+        return encoded(inputs, _encoder(task, tokenizer))
 
     def predict(self, accelerator: Accelerator, model, dataloader: DataLoader, features: Dataset,
                 inputs: Dataset, task: DictConfig, labels: list[str] | None) -> list[dict[str, Any]]:

@@ -1,11 +1,6 @@
-"""GLUE metrics as `evaluate` modules written in the project.
-
-`evaluate.load("accuracy")` fetches a script from the Hub, which is unreachable offline; these subclasses
-of `evaluate.Metric` compute the same numbers (with scikit-learn and SciPy, as the Hub scripts do; accuracy
-with numpy) and need no network. `load_metric(name)` is the one entry point.
-
-scikit-learn (f1, mcc) and SciPy (pearson, spearman) are the `metrics` extra, imported when a metric is
-computed; `check_installed(cfg.task.metrics)` says before training when one is missing.
+"""GLUE metrics as offline `evaluate` modules (`evaluate.load("accuracy")` needs the Hub): the Hub scripts'
+numbers, with scikit-learn and SciPy (the `metrics` extra, imported when a metric is computed; accuracy with
+numpy). `load_metric(name)` is the entry point; `check_installed` says before training when a library is missing.
 """
 
 from __future__ import annotations
@@ -29,41 +24,21 @@ def accuracy_score(references, predictions) -> float:
     return float(np.mean(np.asarray(references) == np.asarray(predictions)))
 
 
-def f1_score(*args, **kwargs):
-    return _lib("f1").f1_score(*args, **kwargs)
-
-
-def matthews_corrcoef(*args, **kwargs):
-    return _lib("mcc").matthews_corrcoef(*args, **kwargs)
-
-
-def pearsonr(*args, **kwargs):
-    return _lib("pearson").pearsonr(*args, **kwargs)
-
-
-def spearmanr(*args, **kwargs):
-    return _lib("spearman").spearmanr(*args, **kwargs)
-
-
 class _Metric(evaluate.Metric):
     value_type = "int64"
 
     def _info(self) -> evaluate.MetricInfo:
-        return evaluate.MetricInfo(
-            description=self.__doc__ or "",
-            citation="",
-            inputs_description="predictions and references, one per example",
-            features=datasets.Features(
-                {"predictions": datasets.Value(self.value_type), "references": datasets.Value(self.value_type)}
-            ),
-        )
+        value = datasets.Value(self.value_type)
+        return evaluate.MetricInfo(description=self.__doc__ or "", citation="",
+                                   inputs_description="predictions and references, one per example",
+                                   features=datasets.Features({"predictions": value, "references": value}))
 
 
 class Accuracy(_Metric):
     """Fraction of predictions equal to the reference."""
 
     def _compute(self, predictions, references):
-        return {"accuracy": float(accuracy_score(references, predictions))}
+        return {"accuracy": accuracy_score(references, predictions)}
 
 
 class F1(_Metric):
@@ -74,7 +49,7 @@ class F1(_Metric):
     def _compute(self, predictions, references, num_labels: int = 2, positive: int = 1):
         average = "binary" if num_labels == 2 else "macro"
         labels = None if num_labels == 2 else list(range(num_labels))
-        f1 = f1_score(references, predictions, average=average, labels=labels, zero_division=0,
+        f1 = _lib("f1").f1_score(references, predictions, average=average, labels=labels, zero_division=0,
                       pos_label=positive if num_labels == 2 else 1)
         return {"f1": float(f1)}
 
@@ -83,7 +58,7 @@ class MatthewsCorrelation(_Metric):
     """Matthews correlation coefficient (CoLA's official metric)."""
 
     def _compute(self, predictions, references):
-        return {"mcc": float(matthews_corrcoef(references, predictions))}
+        return {"mcc": float(_lib("mcc").matthews_corrcoef(references, predictions))}
 
 
 class Pearson(_Metric):
@@ -92,7 +67,7 @@ class Pearson(_Metric):
     value_type = "float32"
 
     def _compute(self, predictions, references):
-        return {"pearson": float(pearsonr(np.asarray(references), np.asarray(predictions))[0])}
+        return {"pearson": float(_lib("pearson").pearsonr(np.asarray(references), np.asarray(predictions))[0])}
 
 
 class Spearman(_Metric):
@@ -101,16 +76,11 @@ class Spearman(_Metric):
     value_type = "float32"
 
     def _compute(self, predictions, references):
-        return {"spearman": float(spearmanr(np.asarray(references), np.asarray(predictions))[0])}
+        return {"spearman": float(_lib("spearman").spearmanr(np.asarray(references), np.asarray(predictions))[0])}
 
 
-METRICS: dict[str, type[_Metric]] = {
-    "accuracy": Accuracy,
-    "f1": F1,
-    "mcc": MatthewsCorrelation,
-    "pearson": Pearson,
-    "spearman": Spearman,
-}
+METRICS: dict[str, type[_Metric]] = {"accuracy": Accuracy, "f1": F1, "mcc": MatthewsCorrelation, "pearson": Pearson,
+                                     "spearman": Spearman}
 
 
 def check_installed(names, key: str = "task.metrics") -> None:
@@ -131,8 +101,7 @@ def load_metric(name: str) -> evaluate.Metric:
 
 def compute(names: list[str], predictions, references, num_labels: int | None = None,
             positive: int = 1) -> dict[str, float]:
-    """All named metrics; `num_labels` (classification) decides binary vs macro F1, `positive` is the label id
-    binary F1 scores."""
+    """All named metrics; `num_labels` decides binary vs macro F1, `positive` is the label id binary F1 scores."""
     out: dict[str, float] = {}
     for name in names:
         kwargs = {"num_labels": num_labels, "positive": positive} if name == "f1" and num_labels else {}

@@ -1,12 +1,10 @@
 """Extractive question answering (SQuAD v1.1 / v2.0 style): `squad` (reader, windows, span search) and
 `squad_metric` (official EM/F1) wired into the family interface, registered as task.family=question_answering.
 
-Data: a Hub dataset with `id`, the question and context columns (`task.text_fields=[question, context]`)
-and SQuAD-style answers (`task.label_column=answers`: {text: [...], answer_start: [...]}), or local SQuAD
-JSON files. Contexts longer than the window are split into features of `task.max_length` tokens overlapping
-by `task.doc_stride`; the validation features keep `example_id`, `offset_mapping` and `cls_index` for the
-span search (out of the model batch), and also the gold positions, so there is a validation loss.
-Evaluation writes the answers to `predictions_<split>.json` ({id: text}, the official script's input).
+Data: a Hub dataset with `id`, question and context columns (`task.text_fields`) and SQuAD-style answers
+(`task.label_column`), or local SQuAD JSON files. Validation features keep the span search's columns and the
+gold positions (for a validation loss); evaluation writes `predictions_<split>.json` ({id: text}, the official
+script's input).
 """
 
 from __future__ import annotations
@@ -43,13 +41,12 @@ def _ids(ids: list[str]) -> str:
 
 
 def check_answers(ds: Dataset, task: DictConfig, split: str) -> None:
-    """Questions that would train (or score the loss of) "no answer" without a word: answers whose answer_start
-    does not point at their text, and, in SQuAD v1.1 (task.version_2=false: every question has an answer),
-    questions without answers. A DataError past task.max_misaligned_answers (a fraction of the questions
-    concerned), a warning below. Empty questions and contexts: task.max_empty_texts."""
+    """Questions that would silently train "no answer": answers whose answer_start does not point at their text,
+    and, in SQuAD v1.1 (task.version_2=false), questions without answers. A DataError past
+    task.max_misaligned_answers (a fraction), a warning below; empty questions and contexts: task.max_empty_texts."""
     path = {"train": task.train_file, "validation": task.validation_file}.get(split)
     where = f"{split_key(split)}={path}" if path and task.train_file else f"task={task.name}, {split} split"
-    rows = ds.select_columns(["id", "question", "context", "answers"])
+    rows = ds.select_columns(COLUMNS)
     empty = [r["id"] for r in rows if not r["question"].strip() or not r["context"].strip()]
     check_empty_texts(empty, len(ds), task, where, f"question or context ({_ids(empty)})")
     found = []
@@ -75,11 +72,20 @@ def check_answers(ds: Dataset, task: DictConfig, split: str) -> None:
         log.warning("%s (within task.max_misaligned_answers=%s)", msg, task.max_misaligned_answers)
 
 
+def _span_logits(accelerator: Accelerator, out) -> tuple[torch.Tensor, torch.Tensor]:
+    """Start and end logits, padded across ranks with NEG (each rank's batch may be padded to another width)."""
+    return tuple(accelerator.pad_across_processes(x.float(), dim=1, pad_index=NEG)
+                 for x in (out.start_logits, out.end_logits))
+
+
+def _rows(parts: list[torch.Tensor]) -> list:
+    return [row for batch in parts for row in batch.numpy()]
+
+
 def window_losses(start_logits: torch.Tensor, end_logits: torch.Tensor, batch: dict) -> torch.Tensor:
-    """Each window's loss, (start cross-entropy + end cross-entropy) / 2 as the model's QA loss, with the
-    batch's padding positions kept out of the softmax: the value does not depend on how wide the batch was
-    padded. (Training keeps the model's own loss, whose softmax also covers the padding; there the logits of
-    padding positions are trained down, so the two agree closely once trained.)"""
+    """Each window's loss, (start + end cross-entropy) / 2 as the model's QA loss, with padding kept out of the
+    softmax so the value does not depend on the batch's width. (Training keeps the model's own loss, which
+    trains the padding logits down, so the two agree closely once trained.)"""
     pad = batch["attention_mask"] == 0
     loss = 0.0
     for logits, gold in ((start_logits, batch["start_positions"]), (end_logits, batch["end_positions"])):
@@ -158,13 +164,8 @@ class QuestionAnswering(Family):
 
     def predict(self, accelerator: Accelerator, model, dataloader: DataLoader, features: Dataset,
                 inputs: Dataset, task: DictConfig, labels: list[str] | None) -> list[dict[str, Any]]:
-        def outputs(batch, out):
-            return tuple(accelerator.pad_across_processes(x.float(), dim=1, pad_index=NEG)
-                         for x in (out.start_logits, out.end_logits))
-
-        start_parts, end_parts = predict(accelerator, model, dataloader, outputs)
-        answers = squad.scored_answers(inputs, features, [r for b in start_parts for r in b.numpy()],
-                                       [r for b in end_parts for r in b.numpy()], n_best=task.n_best,
+        start_parts, end_parts = predict(accelerator, model, dataloader, lambda _, out: _span_logits(accelerator, out))
+        answers = squad.scored_answers(inputs, features, _rows(start_parts), _rows(end_parts), n_best=task.n_best,
                                        max_answer_length=task.max_answer_length, version_2=task.version_2,
                                        null_threshold=task.null_threshold)
         return [{"id": i, "answer": answers[i][0], "score": answers[i][1]} for i in inputs["id"]]
@@ -237,14 +238,10 @@ print({{"answer": answer, "score": probability}})
                  examples: Dataset, task: DictConfig, labels: list[str] | None,
                  out_dir: Path | None = None, name: str = "validation") -> dict[str, float]:
         def outputs(batch, out):
-            start = accelerator.pad_across_processes(out.start_logits.float(), dim=1, pad_index=NEG)
-            end = accelerator.pad_across_processes(out.end_logits.float(), dim=1, pad_index=NEG)
-            return start, end, window_losses(out.start_logits, out.end_logits, batch)
+            return *_span_logits(accelerator, out), window_losses(out.start_logits, out.end_logits, batch)
 
         start_parts, end_parts, losses = predict(accelerator, model, dataloader, outputs)
-        starts = [row for batch in start_parts for row in batch.numpy()]
-        ends = [row for batch in end_parts for row in batch.numpy()]
-        answers = squad.postprocess(examples, features, starts, ends, n_best=task.n_best,
+        answers = squad.postprocess(examples, features, _rows(start_parts), _rows(end_parts), n_best=task.n_best,
                                  max_answer_length=task.max_answer_length, version_2=task.version_2,
                                  null_threshold=task.null_threshold)
         metric = SquadV2() if task.version_2 else Squad()

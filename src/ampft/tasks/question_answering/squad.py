@@ -1,10 +1,8 @@
 """Extractive QA (SQuAD v1.1/v2.0): JSON → overlapping windows → span logits → answer text → EM/F1.
 
-A context longer than the model's window is split into features that overlap by `doc_stride` tokens, as
-Hugging Face's run_qa.py does, so one example has several features; evaluation therefore keeps, per
-feature, the example id and the character offsets of its context tokens, and `postprocess` searches the
-best span over all windows of an example and cuts the answer out of the original context (never out of
-detokenized ids, which would lose case and spacing). `squad_metric.Squad` scores the answers.
+A long context is split into windows overlapping by `doc_stride` tokens (as run_qa.py), so evaluation keeps
+each window's example id and context character offsets: `postprocess` searches the best span over all windows
+and cuts the answer out of the original context (detokenized ids would lose case and spacing).
 
 Tokenizers that pad on the left put the context first (truncation="only_first", as run_qa.py does) and
 get features padded to `max_length` here, so positions are final and a collator adds nothing before them.
@@ -30,10 +28,8 @@ FEATURES = datasets.Features({
 
 
 def read_squad(path: str | Path, answers: bool = True) -> datasets.Dataset:
-    """One row per question; v2.0 unanswerable questions (`is_impossible`) get empty answer lists.
-    `answers=False`: questions to answer, whose `answers` key may be absent (read as none).
-
-    A missing or mistyped key is a ValueError naming where it is (article, paragraph, question id)."""
+    """One row per question; v2.0 unanswerable questions (`is_impossible`) get empty answer lists, as do questions
+    without `answers` when `answers=False` (to predict). A missing or mistyped key is a ValueError naming where."""
     rows = []
     where = "the top level"
     try:
@@ -46,7 +42,7 @@ def read_squad(path: str | Path, answers: bool = True) -> datasets.Dataset:
                 context = paragraph["context"]
                 for q, qa in enumerate(paragraph["qas"]):
                     where = f"data[{a}].paragraphs[{p}].qas[{q}]"
-                    where += f" (id {qa['id']!r})"
+                    where += f" (id {qa['id']!r})"  # in two steps: a missing id is reported at its question
                     given = [] if qa.get("is_impossible", False) else qa["answers"] if answers else qa.get("answers", [])
                     for i, answer in enumerate(given):
                         if not isinstance(answer.get("text"), str) or not isinstance(answer.get("answer_start"), int):

@@ -1,9 +1,8 @@
 """Token classification (NER): CoNLL files → word-aligned sub-token labels → word tags (scored by `seqeval`).
 
-A model labels sub-tokens, but NER is scored per word and per entity, so this module keeps the bridge
-both ways: `tokenize_and_align` stores each feature's `word_ids` next to its labels, and
-`predictions_to_tags` reads one tag per word back (the first sub-token's prediction; a word cut off by
-truncation is tagged O, so truncation costs recall instead of silently shrinking the gold set).
+A model labels sub-tokens but NER is scored per word: `tokenize_and_align` keeps each feature's `word_ids`, and
+`predictions_to_tags` reads one tag per word back (a word cut off by truncation is tagged O, so truncation
+costs recall instead of silently shrinking the gold set).
 
 Tokenizers that pad on the left get features padded to `max_length` here, so token positions are final
 and a collator adds nothing before them; with right padding, padding stays dynamic (the collator's).
@@ -59,12 +58,11 @@ def read_conll(path: str | Path, token_column: int = 0, tag_column: int | None =
                 tags.append(fields[tag_column])
     if tokens:  # a last sentence without a final blank line
         sentences.append((tokens, tags))
+    columns = {"tokens": [s[0] for s in sentences]}
+    if tag_column is not None:
+        columns["tags"] = [s[1] for s in sentences]
     words = datasets.List(datasets.Value("string"))
-    if tag_column is None:
-        return datasets.Dataset.from_dict({"tokens": [s[0] for s in sentences]},
-                                          features=datasets.Features(tokens=words))
-    return datasets.Dataset.from_dict({"tokens": [s[0] for s in sentences], "tags": [s[1] for s in sentences]},
-                                      features=datasets.Features(tokens=words, tags=words))
+    return datasets.Dataset.from_dict(columns, features=datasets.Features({c: words for c in columns}))
 
 
 def label_list(data: datasets.Dataset | Iterable[datasets.Dataset]) -> list[str]:

@@ -1,11 +1,8 @@
 """Token classification (NER, CoNLL-2003 style): `conll` (reader, sub-token alignment) and `seqeval` (entity
 scores) wired into the family interface, registered as task.family=token_classification.
 
-Data: a Hub dataset with a column of word lists (`task.text_fields=[tokens]`) and one of tag lists
-(`task.label_column=ner_tags`: ClassLabel ids, integer ids into `task.labels`, or tag strings), or local
-CoNLL files (`task.token_column`/`task.tag_column` pick the fields). Both become `tokens`/`tags` string
-lists. Scores: entity-level precision/recall/F1 as conlleval computes them (seqeval's strict mode with
-`task.seqeval_mode=strict`), token accuracy, F1 per entity type; in percent.
+Data: a Hub dataset with word lists (`task.text_fields=[tokens]`) and tag lists (`task.label_column`: ClassLabel
+ids, ids into `task.labels`, or strings), or local CoNLL files; both become `tokens`/`tags` string lists.
 """
 
 from __future__ import annotations
@@ -131,10 +128,9 @@ class TokenClassification(Family):
             return pred, token_loss.sum(dim=1), count
 
         preds, loss_sums, counts = predict(accelerator, model, dataloader, outputs)
-        predictions = [row for batch in preds for row in batch.numpy()]
         gold = list(examples["tags"])
-        tags = conll.predictions_to_tags(predictions, list(features["word_ids"]), labels,
-                                       num_words=[len(t) for t in gold])
+        tags = conll.predictions_to_tags([row for batch in preds for row in batch.numpy()], list(features["word_ids"]),
+                                         labels, num_words=[len(t) for t in gold])
         scores = Seqeval().compute(predictions=tags, references=gold, scheme=TagScheme(task.tag_scheme).value,
                                        mode=SeqevalMode(task.seqeval_mode).value)
         results = {k: scores[k] for k in ("precision", "recall", "f1", "accuracy")}
@@ -200,12 +196,9 @@ def _tokens_and_tags(ds: Dataset, task: DictConfig, split: str) -> Dataset:
         raise DataError(f"task={task.name}: column(s) {missing} not in the {split} split, whose columns are "
                         f"{ds.column_names}. Set task.text_fields=[<words column>] and task.label_column=<tags column>.")
     inner = getattr(ds.features[col], "feature", None)
-    if isinstance(inner, ClassLabel):
-        names = list(inner.names)
-    elif task.labels is not None:
+    names = list(inner.names) if isinstance(inner, ClassLabel) else None
+    if names is None and task.labels is not None:
         names = [str(t) for t in task.labels]
-    else:
-        names = None
 
     def convert(batch):
         tags = batch[col]
