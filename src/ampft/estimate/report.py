@@ -13,6 +13,8 @@ LABELS = dict(weights="weights", fp32_master_copies="fp32 master copies", gradie
               activations="activations saved for backward", temporaries="temporaries at the peak",
               communication_buffers="communication buffers / gathered layers", loss_scaler="loss scaler")
 STRATEGY_NAMES = dict(single="1 GPU", ddp="DDP", zero1="ZeRO-1", zero2="ZeRO-2", zero3="ZeRO-3", fsdp2="FSDP2")
+SUMMARY_HEADER = ["precision", "step peak GiB", "device needs GiB", "fits", "largest batch", "memory vs fp32",
+                  "step ms", "samples/s", "MFU", "time vs fp32"]
 
 
 def gib(x: float) -> str:
@@ -24,15 +26,17 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     return out + ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
 
 
+def _asked(r: dict) -> dict:
+    """The row of the composed precision, or the first estimated where that one was left out."""
+    return r["rows"].get(r["precision"]) or r["rows"][r["precisions"][0]]
+
+
 def summary_rows(r: dict, strategy: str = "single") -> list[list[str]]:
     """Per precision: peak, fits, largest batch, step time, throughput, MFU, ratios to fp32."""
     base = r["rows"].get("fp32")
     rows = []
     for p in r["precisions"]:
-        row = r["rows"][p]
-        m = row["memory"][strategy]
-        t = row["time"]
-        mark = " (asked)" if p == r["precision"] else ""
+        m, t = r["rows"][p]["memory"][strategy], r["rows"][p]["time"]
         mem_ratio = f"{m['peak'] / base['memory'][strategy]['peak']:.0%}" if base else "—"
         if t:
             time_ratio = f"{t['seconds'] / base['time']['seconds']:.0%}" if base and base["time"] else "—"
@@ -40,20 +44,19 @@ def summary_rows(r: dict, strategy: str = "single") -> list[list[str]]:
                       f"{t['mfu']:.0%}" if t["mfu"] is not None else "—", time_ratio]
         else:
             timing = ["not supported", "—", "—", "—"]
-        rows.append([p + mark, gib(m["peak"]), gib(m["device_total"]), "yes" if m["fits"] else "**no**",
-                     str(m["largest_batch"]), mem_ratio, *timing])
+        rows.append([p + (" (asked)" if p == r["precision"] else ""), gib(m["peak"]), gib(m["device_total"]),
+                     "yes" if m["fits"] else "**no**", str(m["largest_batch"]), mem_ratio, *timing])
     return rows
 
 
-SUMMARY_HEADER = ["precision", "step peak GiB", "device needs GiB", "fits", "largest batch", "memory vs fp32",
-                  "step ms", "samples/s", "MFU", "time vs fp32"]
+def _checkpointing(r: dict) -> str:
+    return ", gradient checkpointing" if r.get("gradient_checkpointing") else ""
 
 
 def markdown(r: dict) -> str:
-    dev = r["device"]
-    asked = r["rows"][r["precision"]] if r["precision"] in r["rows"] else r["rows"][r["precisions"][0]]
+    dev, asked = r["device"], _asked(r)
     out = [f"# Estimate: {r['model']} on {r['task']}, batch {r['batch_size']} x {r['seq_len']} tokens, {dev['label']}"
-           + (", gradient checkpointing" if r.get("gradient_checkpointing") else ""),
+           + _checkpointing(r),
            "", "**Predictions**, not measurements: memory counted from a trace of one training step on fake tensors, "
            "time from a roofline with an efficiency factor calibrated on NVIDIA's published BERT-large A100 figures "
            "(docs/benchmarks/estimate.md states how far both have been off).", ""]
@@ -64,15 +67,16 @@ def markdown(r: dict) -> str:
     out += ["`largest batch`: per device, at this sequence length. `device needs`: the step's peak plus the "
             "allocator's slack, the CUDA context and workspaces (estimate.* keys).", ""]
     out += [f"## Memory breakdown at the peak, {r['precision']}, per rank ({r['ranks']} ranks where sharded)", ""]
-    strategies = list(asked["memory"])
+    mem = asked["memory"]
+    strategies = list(mem)
     rows = []
     for c in COMPONENTS:
-        vals = [asked["memory"][s]["components"].get(c, 0) for s in strategies]
+        vals = [mem[s]["components"].get(c, 0) for s in strategies]
         if any(vals):
             rows.append([LABELS[c], *[gib(v) if v >= 1 << 20 or not v else f"{v:.0f} B" for v in vals]])
-    rows.append(["**step peak**", *[f"**{gib(asked['memory'][s]['peak'])}**" for s in strategies]])
-    rows.append(["fits / largest batch", *[f"{'yes' if asked['memory'][s]['fits'] else 'no'} / "
-                                           f"{asked['memory'][s]['largest_batch']}" for s in strategies]])
+    rows.append(["**step peak**", *[f"**{gib(mem[s]['peak'])}**" for s in strategies]])
+    rows.append(["fits / largest batch",
+                 *[f"{'yes' if mem[s]['fits'] else 'no'} / {mem[s]['largest_batch']}" for s in strategies]])
     names = [STRATEGY_NAMES[s] + (" (recipe)" if s == r["strategy"] else "") for s in strategies]
     out += _table(["GiB per rank", *names], rows) + [""]
     out += ["## Every precision under each strategy (step peak GiB per rank / largest batch)", ""]
@@ -83,13 +87,16 @@ def markdown(r: dict) -> str:
     out += _table(["claim", "verdict", "predicted", "note"],
                   [[v["claim"], f"**{v['verdict']}**", v["predicted"], v["note"]] for v in r["verdicts"]]) + [""]
     t = asked["trace"]
+    checkpointed = (f"- gradient checkpointing (model.gradient_checkpointing=true): {t['checkpointed_layers']} layers "
+                    "keep only their inputs and are recomputed in the backward pass; the FLOPs and the time include "
+                    "the recomputed forward" if t.get("checkpointed_layers")
+                    else "- gradient checkpointing: off (model.gradient_checkpointing)")
     out += ["## The trace", "",
-            f"- {t['params'] / 1e6:.1f}M parameters; {t['flops'] / 1e12:.2f} TFLOP per step (torch.utils.flop_counter's "
-            f"formulas); traced in {t['seconds']} s",
-            "- saved for backward by dtype (GiB): " + ", ".join(f"{k} {gib(v)}" for k, v in t["saved_by_dtype"].items()),
-            (f"- gradient checkpointing (model.gradient_checkpointing=true): {t['checkpointed_layers']} layers keep only "
-             "their inputs and are recomputed in the backward pass; the FLOPs and the time include the recomputed "
-             "forward" if t.get("checkpointed_layers") else "- gradient checkpointing: off (model.gradient_checkpointing)"),
+            f"- {t['params'] / 1e6:.1f}M parameters; {t['flops'] / 1e12:.2f} TFLOP per step "
+            f"(torch.utils.flop_counter's formulas); traced in {t['seconds']} s",
+            "- saved for backward by dtype (GiB): "
+            + ", ".join(f"{k} {gib(v)}" for k, v in t["saved_by_dtype"].items()),
+            checkpointed,
             f"- device: {dev['label']}, {dev['bandwidth_gbs']:.0f} GB/s, peak TFLOP/s "
             + ", ".join(f"{k} {v:g}" for k, v in dev["tflops"].items() if v) + f" ({dev['source']})",
             f"- efficiency: {r['efficiency']:.3f} of the roofline" if r["efficiency"] else "- efficiency: —",
@@ -101,22 +108,17 @@ def markdown(r: dict) -> str:
 
 def console(r: dict) -> str:
     """The short version for the terminal."""
-    dev = r["device"]
-    lines = [f"{r['model']} / {r['task']}, batch {r['batch_size']} x {r['seq_len']}, on {dev['label']} "
-             f"({gib(r['usable_bytes'])} GiB usable)" + (", gradient checkpointing" if r.get("gradient_checkpointing")
-                                                        else "") + " -- PREDICTED"]
+    lines = [f"{r['model']} / {r['task']}, batch {r['batch_size']} x {r['seq_len']}, on {r['device']['label']} "
+             f"({gib(r['usable_bytes'])} GiB usable){_checkpointing(r)} -- PREDICTED"]
     widths = [12, 9, 9, 5, 9, 8, 8, 9, 5, 8]
     header = ["precision", "peak GiB", "needs GiB", "fits", "max batch", "mem/fp32", "step ms", "samples/s", "MFU",
               "time/fp32"]
-    lines.append("  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)))
-    for row in summary_rows(r):
-        lines.append("  ".join(str(c).replace("**", "").ljust(w) for c, w in zip(row, widths, strict=True)))
-    asked = r["rows"][r["precision"]] if r["precision"] in r["rows"] else r["rows"][r["precisions"][0]]
-    c = asked["memory"]["single"]["components"]
-    lines.append(f"{r['precision']}, one device: " + ", ".join(f"{LABELS[k]} {gib(v)}" for k, v in c.items()
-                                                               if v >= 1 << 20))
-    for v in r["verdicts"]:
-        lines.append(f"  [{v['verdict']}] {v['claim']}: {v['predicted']}")
+    lines += ["  ".join(str(c).replace("**", "").ljust(w) for c, w in zip(row, widths, strict=True))
+              for row in [header, *summary_rows(r)]]
+    c = _asked(r)["memory"]["single"]["components"]
+    lines.append(f"{r['precision']}, one device: "
+                 + ", ".join(f"{LABELS[k]} {gib(v)}" for k, v in c.items() if v >= 1 << 20))
+    lines += [f"  [{v['verdict']}] {v['claim']}: {v['predicted']}" for v in r["verdicts"]]
     return "\n".join(lines)
 
 
@@ -124,6 +126,5 @@ def write(r: dict, out_dir: Path) -> Path:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "estimate.json").write_text(json.dumps(r, indent=1, default=str))
-    path = out_dir / "estimate.md"
-    path.write_text(markdown(r))
-    return path
+    (out_dir / "estimate.md").write_text(markdown(r))
+    return out_dir / "estimate.md"

@@ -33,8 +33,10 @@ from ampft.validation import validate
 
 log = logging.getLogger(__name__)
 
-ALL = [p.value for p in Precision]
 HOLDS, FAILS, NOT_APPLICABLE = "holds", "does not hold", "not applicable"
+# StepTrace fields copied into estimate.json (`seconds` follows, rounded).
+TRACE_FIELDS = ("params", "weights", "gradients", "optimizer_state", "saved_activations", "saved_weight_casts",
+                "saved_by_dtype", "flops", "checkpointed_layers")
 
 
 def compose(overrides: list[str], conf_dir: Path = CONF_DIR) -> DictConfig:
@@ -61,16 +63,13 @@ def _labels(task: DictConfig) -> tuple[list[str] | None, str]:
 
 def deepspeed_half(cfg: DictConfig, precision: str) -> bool:
     """Whether DeepSpeed would run this precision in its own 16-bit mode (`distributed.deepspeed_precision`)."""
-
     p = OmegaConf.create({"name": precision})
     return deepspeed_mode(p, cfg.distributed.deepspeed_precision) == "half"
 
 
 def trace_all(cfg: DictConfig, precisions: list[str], target: str, slope: bool = False):
-    """{precision: StepTrace} at the configured batch, {precision: StepTrace} at a quarter of it (forward/backward
-    only, with slope=True: the tests' check of `Phase.peak_at`), and notes. fp32 and tf32 trace alike (the same
-    dtypes), so tf32 reuses fp32's."""
-
+    """({precision: StepTrace} at the configured batch, {precision: StepTrace} of forward/backward at a quarter of it
+    when `slope` (the tests' check of `Phase.peak_at`), notes). tf32 reuses fp32's trace: the same dtypes."""
     notes = []
     m = OmegaConf.merge(cfg.model, {"pretrained": False})  # the architecture is all an estimate needs
     tokenizer = load_tokenizer(m)
@@ -94,7 +93,7 @@ def trace_all(cfg: DictConfig, precisions: list[str], target: str, slope: bool =
     device = torch.device(target)
     full, low = {}, {}
     for p in precisions:
-        twin = "fp32" if p == "tf32" else ("tf32" if p == "fp32" else None)
+        twin = {"tf32": "fp32", "fp32": "tf32"}.get(p)
         if twin in full:
             full[p] = dataclasses.replace(full[twin], precision=p)
             if twin in low:
@@ -118,6 +117,12 @@ def _verdict(ratio: float | None, claimed: float) -> str:
     return HOLDS if ratio <= claimed + SLACK else FAILS
 
 
+def _at_anchor(cfg: DictConfig, anchor: dict) -> bool:
+    """Whether the recipe is the published figure's model, sequence length and batch size."""
+    return (cfg.model.name == anchor["model"] and int(cfg.task.max_length) == anchor["seq_len"]
+            and int(cfg.trainer.batch_size) == anchor["batch_size"])
+
+
 def verdicts(rows: dict, dev: Device, cfg: DictConfig) -> list[dict]:
     """Each seed claim, judged on the predictions for this device and recipe."""
     out = []
@@ -126,60 +131,57 @@ def verdicts(rows: dict, dev: Device, cfg: DictConfig) -> list[dict]:
     def add(claim, verdict, predicted, note=""):
         out.append(dict(claim=claim, verdict=verdict, predicted=predicted, note=note))
 
+    def seconds(r):
+        return r["time"]["seconds"]
+
+    def peak(r):
+        return r["memory"]["single"]["peak"]
+
     mixed = [r for p, r in rows.items() if p in ("fp16", "bf16") and r["supported"]]
     if base is None or not mixed:
         add("Mixed precision trains in about 60% of FP32's time, with about 57% of its memory", NOT_APPLICABLE, "",
             "needs fp32 and fp16/bf16 in estimate.precisions on a device that runs them")
-    cpu_note = "the claim is about GPUs; on this CPU for the record" if dev.kind == "cpu" else ""
-    for r in mixed if base else []:
-        t = r["time"]["seconds"] / base["time"]["seconds"]
-        mem = r["memory"]["single"]["peak"] / base["memory"]["single"]["peak"]
-        add(f"Mixed precision ({r['precision']}) trains in about 60% of FP32's time", _verdict(t, TIME_CLAIM),
-            f"{t:.0%} of true fp32's time", cpu_note)
-        add(f"Mixed precision ({r['precision']}) needs about 57% of FP32's memory", _verdict(mem, MEMORY_CLAIM),
-            f"{mem:.0%} of fp32's peak",
-            cpu_note or "weights, gradients and AdamW state stay fp32 under autocast; only activations shrink")
-        add(f"BERT fine-tuning in {r['precision']}: about 2x faster with half the memory",
-            HOLDS if t <= 0.5 + SLACK and mem <= 0.5 + SLACK else FAILS, f"{1 / t:.2f}x faster, {mem:.0%} memory")
-    if base is not None:
-        for p in ("tf32", "fp16", "bf16"):
-            r = rows.get(p)
-            if r is None:
-                continue
-            if dev.kind == "cpu":
-                add(f"Tensor Cores ({p}) give 1.5-3x FP32's throughput", NOT_APPLICABLE, "", "a CPU has no Tensor Cores")
-                continue
-            if not r["supported"] or (p == "tf32" and not dev.tflops.get("tf32")):
-                add(f"Tensor Cores ({p}) give 1.5-3x FP32's throughput", NOT_APPLICABLE, "",
-                    f"{dev.label} has no {p} Tensor Core path")
-                continue
-            s = base["time"]["seconds"] / r["time"]["seconds"]
-            add(f"Tensor Cores ({p}) give 1.5-3x FP32's throughput",
-                HOLDS if s >= TENSOR_CORE_SPEEDUP[0] else FAILS, f"{s:.2f}x",
+    else:
+        cpu_note = "the claim is about GPUs; on this CPU for the record" if dev.kind == "cpu" else ""
+        for r in mixed:
+            t, mem = seconds(r) / seconds(base), peak(r) / peak(base)
+            add(f"Mixed precision ({r['precision']}) trains in about 60% of FP32's time", _verdict(t, TIME_CLAIM),
+                f"{t:.0%} of true fp32's time", cpu_note)
+            add(f"Mixed precision ({r['precision']}) needs about 57% of FP32's memory", _verdict(mem, MEMORY_CLAIM),
+                f"{mem:.0%} of fp32's peak",
+                cpu_note or "weights, gradients and AdamW state stay fp32 under autocast; only activations shrink")
+            add(f"BERT fine-tuning in {r['precision']}: about 2x faster with half the memory",
+                HOLDS if t <= 0.5 + SLACK and mem <= 0.5 + SLACK else FAILS, f"{1 / t:.2f}x faster, {mem:.0%} memory")
+    for p in ("tf32", "fp16", "bf16"):
+        r = rows.get(p)
+        if base is None or r is None:
+            continue
+        claim = f"Tensor Cores ({p}) give 1.5-3x FP32's throughput"
+        if dev.kind == "cpu":
+            add(claim, NOT_APPLICABLE, "", "a CPU has no Tensor Cores")
+        elif not r["supported"] or (p == "tf32" and not dev.tflops.get("tf32")):
+            add(claim, NOT_APPLICABLE, "", f"{dev.label} has no {p} Tensor Core path")
+        else:
+            s = seconds(base) / seconds(r)
+            add(claim, HOLDS if s >= TENSOR_CORE_SPEEDUP[0] else FAILS, f"{s:.2f}x",
                 "more than the claimed 3x: true fp32 runs on CUDA cores" if s > TENSOR_CORE_SPEEDUP[1] else "")
     nv = NVIDIA_ANCHOR
-    same = (dev.name == "a100-80gb" and cfg.model.name == nv["model"] and int(cfg.task.max_length) == nv["seq_len"]
-            and int(cfg.trainer.batch_size) == nv["batch_size"])
-    if same and "tf32" in rows and "fp16" in rows:
+    if dev.name == "a100-80gb" and _at_anchor(cfg, nv) and "tf32" in rows and "fp16" in rows:
         a, b = rows["tf32"]["time"]["samples_per_second"], rows["fp16"]["time"]["samples_per_second"]
         add("NVIDIA: BERT-large SQuAD, one A100-80GB, 32 x 384: TF32 61.5, FP16 110.5 sequences/s (1.79x)",
             HOLDS if b / a >= 0.8 * nv["fp16"] / nv["tf32"] else FAILS,
             f"TF32 {a:.1f}, FP16 {b:.1f} sequences/s ({b / a:.2f}x)",
             "the efficiency factor is calibrated on these two points, so this is a consistency check, not a test")
-    hf = HF_ANCHOR
-    if (dev.name.startswith("v100") and cfg.model.name == hf["model"] and int(cfg.task.max_length) == hf["seq_len"]
-            and int(cfg.trainer.batch_size) == hf["batch_size"] and "fp16" in rows and base is not None):
+    if dev.name.startswith("v100") and _at_anchor(cfg, HF_ANCHOR) and "fp16" in rows and base is not None:
         f = rows["fp16"]
-        s = base["time"]["seconds"] / f["time"]["seconds"]
-        saving = 1 - f["memory"]["single"]["peak"] / base["memory"]["single"]["peak"]
+        s, saving = seconds(base) / seconds(f), 1 - peak(f) / peak(base)
         add("Hugging Face: bert-large, seq 512, batch 4, one V100: fp16 2.1x fp32 throughput, 7% less memory",
-            HOLDS if s >= 0.8 * hf["speedup"] else FAILS, f"{s:.2f}x, {saving:.0%} less memory")
+            HOLDS if s >= 0.8 * HF_ANCHOR["speedup"] else FAILS, f"{s:.2f}x, {saving:.0%} less memory")
     return out
 
 
 def estimate(cfg: DictConfig, command: str = "") -> dict:
     """Everything `make estimate` reports, as plain data (estimate.json)."""
-
     started = time.perf_counter()
     e = cfg.estimate
     check(e)
@@ -189,7 +191,7 @@ def estimate(cfg: DictConfig, command: str = "") -> dict:
     local.trainer.cpu = True
     warnings = [w for w in validate(local) if not w.startswith(("precision=fp16 on CPU", "precision=tf32:"))]
     dev = gpus.device(e.gpu)
-    precisions = [Precision(p).value for p in (e.precisions or ALL)]
+    precisions = [Precision(p).value for p in (e.precisions or Precision)]
     full, low, notes = trace_all(cfg, precisions, dev.kind)
     d = cfg.distributed
     world = int(d.num_processes) * int(d.num_machines)
@@ -201,30 +203,26 @@ def estimate(cfg: DictConfig, command: str = "") -> dict:
         tr = full[p]
         sh = memory.Sharding(ranks, int(d.reduce_bucket_size), int(d.stage3_prefetch_bucket_size),
                              bool(d.fsdp_reshard_after_forward), deepspeed_half(cfg, p))
-        scaler = p == "fp16"
         mem = {}
         for s in memory.STRATEGIES:
-            b = memory.breakdown(tr, s, sh, scaler, int(cfg.trainer.grad_accum))
+            b = memory.breakdown(tr, s, sh, p == "fp16", int(cfg.trainer.grad_accum))
             mem[s] = dict(ranks=b.ranks, peak=b.peak, forward_backward=b.forward_backward,
                           optimizer_step=b.optimizer_step, components=b.components,
                           device_total=over.total(b.peak, dev.kind), fits=b.peak <= usable,
                           largest_batch=memory.largest_batch(b, usable))
         ok = timing.supported(p, dev)
-        t = timing.predict(tr, p, dev, e.efficiency) if ok else None
-        rows[p] = dict(precision=p, supported=ok, memory=mem, time=t,
-                       trace=dict(params=tr.params, weights=tr.weights, gradients=tr.gradients,
-                                  optimizer_state=tr.optimizer_state, saved_activations=tr.saved_activations,
-                                  saved_weight_casts=tr.saved_weight_casts, saved_by_dtype=tr.saved_by_dtype,
-                                  flops=tr.flops, checkpointed_layers=tr.checkpointed_layers,
-                                  seconds=round(tr.seconds, 2)))
+        rows[p] = dict(precision=p, supported=ok, memory=mem,
+                       time=timing.predict(tr, p, dev, e.efficiency) if ok else None,
+                       trace={**{k: getattr(tr, k) for k in TRACE_FIELDS}, "seconds": round(tr.seconds, 2)})
         if not ok:
             notes.append(f"{dev.label} has no {p} support: its memory is shown, no time")
     chosen = {Backend.single: "single", Backend.ddp: "ddp", Backend.fsdp: "fsdp2"}.get(
         Backend(d.backend), f"zero{d.zero_stage}" if d.zero_stage else "ddp")
     return dict(
         command=command, model=cfg.model.name, task=cfg.task.name, family=cfg.task.family,
-        batch_size=int(cfg.trainer.batch_size), seq_len=int(cfg.task.max_length), grad_accum=int(cfg.trainer.grad_accum),
-        precision=Precision(cfg.precision.name).value, precisions=precisions, strategy=chosen, ranks=ranks,
+        batch_size=int(cfg.trainer.batch_size), seq_len=int(cfg.task.max_length),
+        grad_accum=int(cfg.trainer.grad_accum), precision=Precision(cfg.precision.name).value,
+        precisions=precisions, strategy=chosen, ranks=ranks,
         gradient_checkpointing=bool(cfg.model.gradient_checkpointing),
         device=dataclasses.asdict(dev), usable_bytes=usable, overheads=dataclasses.asdict(over),
         efficiency=(rows[precisions[0]]["time"] or {}).get("efficiency"), calibration=timing.CALIBRATION,
@@ -239,8 +237,7 @@ def predict_arms(cfgs: dict[str, DictConfig], env: dict) -> dict[str, dict]:
     if env.get("device_type") == "cuda":
         dev = for_cuda_name(env.get("device_name", ""))
         if dev is None:
-            log.warning("no prediction next to the measurements: %s is not in ampft.devices",
-                        env.get("device_name"))
+            log.warning("no prediction next to the measurements: %s is not in ampft.devices", env.get("device_name"))
             return {}
     else:
         dev = gpus.measure_cpu()
@@ -263,7 +260,7 @@ def calibration() -> dict:
     nv = NVIDIA_ANCHOR
     cfg = compose(["model=bert-large", "task=squad", f"trainer.batch_size={nv['batch_size']}",
                    f"task.max_length={nv['seq_len']}"])
-    return timing.calibrate(trace_all(cfg, ["tf32", "fp16"], "cuda", slope=False)[0])
+    return timing.calibrate(trace_all(cfg, ["tf32", "fp16"], "cuda")[0])
 
 
 if __name__ == "__main__":  # python -m ampft.estimate.run: the efficiency factor, recomputed

@@ -1,11 +1,10 @@
-"""Evaluate a saved run (its exported model) or one of its checkpoints, on a split of the run's task or on
-another local file, with the same data and metrics code as training. Each evaluation writes into its own
-folder, RUN_DIR/evaluations/<name>/ (eval.json, and the predictions a family writes), named after what was
-evaluated: `<final|step_N>_<split or file stem>[_precision-P][_batch-B]`. Nothing the training run wrote is
-replaced.
+"""Evaluate a saved run's export or one of its checkpoints, on a split of the run's task or another local file,
+with training's data and metrics code. Each evaluation writes its own folder, RUN_DIR/evaluations/<name>/ (eval.json,
+and the predictions a family writes), `<final|step_N>_<split or file stem>[_precision-P][_batch-B]`: nothing the
+training run wrote is replaced.
 
-`open_saved` and `SavedRun.load` are the one way a saved run is opened (its source, config, tokenizer, model
-and precision): `make evaluate` here and `make predict` (`ampft.evaluation.predictions`) both use them."""
+`open_saved` and `SavedRun.load` are the one way a saved run is opened (source, config, tokenizer, model,
+precision), for `make evaluate` and `make predict` (`ampft.evaluation.predictions`)."""
 
 from __future__ import annotations
 
@@ -80,8 +79,8 @@ class SavedRun:
 
     @property
     def key(self) -> str:
-        """The command-line key that named this source, for error messages."""
-        return "run" if self.kind == "run" else "checkpoint"
+        """The command-line key that named this source (`run` or `checkpoint`, as the kind), for error messages."""
+        return self.kind
 
     def load(self) -> tuple[Accelerator, str, PreTrainedTokenizerBase, Any]:
         """The Accelerator (the precision asked for, applied), the precision that runs, the tokenizer (the
@@ -146,12 +145,12 @@ def check_weights(missing: list[str], unexpected: list[str], where: str) -> None
 def open_saved(e: DictConfig) -> SavedRun:
     """The run or checkpoint that `run=`/`checkpoint=` name, with its config as trained plus `precision=`,
     `batch_size=` and the `task.<key>=` overrides (checked by the task family)."""
-    run_dir, weights, kind = _source(e)
-    key = "run" if kind == "run" else "checkpoint"
-    cfg_path = (weights if kind == "checkpoint" else run_dir) / "config.yaml"
+    run_dir, weights, key = _source(e)  # the kind is the key that named it: run or checkpoint
+    given = weights if key == "checkpoint" else run_dir
+    cfg_path = given / "config.yaml"
     if not cfg_path.is_file():
-        raise ModelLoadError(f"{key}={weights if kind == 'checkpoint' else run_dir}: no {cfg_path.name}, the config "
-                             "the run was trained with (not a folder written by an ampft run?)")
+        raise ModelLoadError(f"{key}={given}: no {cfg_path.name}, the config the run was trained with (not a folder "
+                             "written by an ampft run?)")
     try:
         cfg = OmegaConf.merge(OmegaConf.structured(FinetuneConfig), OmegaConf.load(cfg_path))
     except (OmegaConfBaseException, yaml.YAMLError) as exc:
@@ -177,22 +176,22 @@ def open_saved(e: DictConfig) -> SavedRun:
         cfg.precision.name = str(e.precision)
     if e.batch_size is not None:
         cfg.trainer.eval_batch_size = e.batch_size
-    return SavedRun(run_dir, weights, kind, cfg_path, cfg, family, model_config)
+    return SavedRun(run_dir, weights, key, cfg_path, cfg, family, model_config)
 
 
 def evaluate_saved(e: DictConfig) -> dict[str, Any]:
     saved = open_saved(e)
-    run_dir, weights, kind, cfg, family = saved.run_dir, saved.weights, saved.kind, saved.cfg, saved.family
-    name = evaluation_name(e, weights, kind)
-    out_dir = run_dir / "evaluations" / name
-    task = cfg.task
+    cfg, family, task = saved.cfg, saved.family, saved.cfg.task
+    name = evaluation_name(e, saved.weights, saved.kind)
+    out_dir = saved.run_dir / "evaluations" / name
+    train_split = e.split == "train" and e.file is None
     if e.file is not None:
         task.train_file = task.validation_file = e.file
     if e.split not in ("train", "validation"):
         raise EvaluationError(f"split={e.split}: use split=validation or split=train (or file=PATH)")
     if e.file is not None or e.split == "train":
         task.extra_validation_splits = []  # one split is asked for
-    if e.split == "train" and e.file is None and not family.evaluates_train_features:
+    if train_split and not family.evaluates_train_features:
         # NER and QA build evaluation features (word ids, offsets) for validation splits: read the train
         # data as the validation split.
         if task.train_file is not None:
@@ -207,7 +206,7 @@ def evaluate_saved(e: DictConfig) -> dict[str, Any]:
         raise EvaluationError(exc.problems[0]) from exc
     accelerator, ran, tokenizer, model = saved.load()
     data = prepare_data(cfg, family, tokenizer, accelerator.main_process_first)
-    if e.split == "train" and e.file is None and family.evaluates_train_features:
+    if train_split and family.evaluates_train_features:
         data = dataclasses.replace(data, validation=data.train)
     eval_dl, *extra_dls = [eval_dataloader(cfg, data, ds, tokenizer, accelerator.device, model)
                            for ds in (data.validation, *data.extra.values())]
@@ -218,17 +217,17 @@ def evaluate_saved(e: DictConfig) -> dict[str, Any]:
         out_dir.mkdir(parents=True, exist_ok=True)
     accelerator.wait_for_everyone()
     started = time.perf_counter()
-    results = tasks.evaluate(accelerator, model, data, dict(zip(["validation", *data.extra], [eval_dl, *extra_dls],
-                                                                strict=True)), task, out_dir)
+    loaders = dict(zip(["validation", *data.extra], [eval_dl, *extra_dls], strict=True))
+    results = tasks.evaluate(accelerator, model, data, loaders, task, out_dir)
     labels = None if task.labels is None else [str(x) for x in task.labels]
-    out = dict(name=name, source=str(weights), kind=kind, data=e.file or f"{task.name}:{e.split}", precision=ran,
-               eval_batch_size=cfg.trainer.eval_batch_size, num_processes=accelerator.num_processes,
+    out = dict(name=name, source=str(saved.weights), kind=saved.kind, data=e.file or f"{task.name}:{e.split}",
+               precision=ran, eval_batch_size=cfg.trainer.eval_batch_size, num_processes=accelerator.num_processes,
                positive_label=family.positive_label(task, labels),
                metrics={k: v for k, v in results.items() if k != "samples"}, samples=results["samples"],
                seconds=time.perf_counter() - started)
     if accelerator.is_main_process:
         path = out_dir / "eval.json"
         path.write_text(json.dumps(out, indent=2) + "\n")
-        log.info("evaluation of %s on %s: %s -> %s", weights, out["data"], out["metrics"], path)
+        log.info("evaluation of %s on %s: %s -> %s", saved.weights, out["data"], out["metrics"], path)
         out["path"] = str(path)
     return out
