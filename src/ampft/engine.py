@@ -39,10 +39,9 @@ log = logging.getLogger(__name__)
 
 
 def fit(t: Training) -> TrainState:
-    """Train until `max_steps` updates are applied, `trainer.max_minutes` have passed or early stopping ends it
-    (`trainer.early_stopping_patience`), then evaluate (unless this very step was evaluated). SIGTERM/SIGUSR1
-    checkpoint at the next step and raise `Preempted`. `t.state` holds the counters and is what a checkpoint
-    keeps, so a run resumed from any checkpoint goes on exactly as the uninterrupted one."""
+    """Train until `max_steps` updates are applied, `trainer.max_minutes` pass or early stopping ends it, then
+    evaluate (unless this step was). SIGTERM/SIGUSR1 checkpoint at the next step and raise `Preempted`. `t.state`
+    is what a checkpoint keeps, so a resumed run goes on exactly as the uninterrupted one."""
     acc, st, tr, ck = t.accelerator, t.state, t.cfg.trainer, t.cfg.checkpoint
     problem = early_stopping_problem(tr, t.max_steps, math.ceil(len(t.train_dl) / tr.grad_accum))
     if problem is not None:  # early stopping's evaluations, now that the steps per epoch are known
@@ -58,9 +57,8 @@ def fit(t: Training) -> TrainState:
         done = st.step >= t.max_steps or stop_early(t)  # a checkpoint of the step that stopped: stops again
         while not done:
             for batch in rest_of_epoch(t):
-                # Length chunks (trainer.length_chunks): the loader's collator, which knows the rows' lengths
-                # before anything reaches the device, hands a batch it split as a list of chunks of similar
-                # lengths (`ampft.data.LengthChunks`); `train_step` runs one forward and backward per chunk.
+                # Length chunks (trainer.length_chunks): the collator, which knows the rows' lengths before anything
+                # reaches the device, hands a split batch as a list (`ampft.data.LengthChunks`).
                 chunks = batch if isinstance(batch, list) else [batch]
                 result = train_step(acc, t.model, t.optimizer, t.scheduler, chunks, tr.max_grad_norm,
                                     want_grad_norm=(st.step + 1) % tr.log_every == 0)
@@ -68,7 +66,7 @@ def fit(t: Training) -> TrainState:
                 window.add(result, chunks)
                 if not result.synced:  # inside a gradient accumulation (trainer.grad_accum)
                     continue
-                if result.skipped:  # fp16 overflow: no update, no scheduler step; counted apart
+                if result.skipped:  # fp16 overflow: no update, no scheduler step; counted apart (before the checks)
                     st.skipped += 1
                 window.end_step(st.step, result.skipped)
                 if result.skipped:
@@ -123,8 +121,7 @@ def rest_of_epoch(t: Training) -> torch.utils.data.DataLoader:
 
 
 def log_window(t: Training, window: Window) -> None:
-    """The window since the last logging point into the state and metrics.jsonl (and the trackers), then the
-    divergence checks over it."""
+    """The window since the last logging point into the state and metrics.jsonl, then its divergence checks."""
     st = t.state
     window.fold(st)
     skipped_in_window = window.skipped
@@ -166,6 +163,7 @@ def checkpoint(t: Training, window: Window, parent: Path | None) -> Path:
     """Save a checkpoint of this step after the divergence checks (never one of broken weights); under
     checkpoint.keep_best/export_best ranked by an evaluation at this very step. Returns it."""
     st, ck = t.state, t.cfg.checkpoint
+    name = ck.metric or t.cfg.task.main_metric
     window.fold(st)
     window.check(st.step)
     if not weights_finite(t.model, t.accelerator):  # never overwrite good checkpoints with broken weights
@@ -174,13 +172,12 @@ def checkpoint(t: Training, window: Window, parent: Path | None) -> Path:
     if ck.keep_best or ck.export_best:
         if st.eval_step != st.step:
             evaluate(t, window)
-        name = ck.metric or t.cfg.task.main_metric
         metric = {"name": name, "value": st.eval_results[name]}
     info = dict(epoch=st.epoch, batch_in_epoch=st.batch_in_epoch, loss=st.last_loss, metric=metric)
     saved = checkpointing.save(
         t.accelerator, t.run_dir, st.step, info, st.state_dict(), to_plain(t.cfg),
         t.accelerator.unwrap_model(t.model).config, ck.keep_last, ck.keep_best,
-        metric_mode(ck.metric or t.cfg.task.main_metric, ck.mode), parent=parent,
+        metric_mode(name, ck.mode), parent=parent,
         scheduler=t.scheduler, run_id=t.run_id)
     window.track(saved)
     window.restart()
@@ -247,14 +244,11 @@ def train_step(acc: Accelerator, model: torch.nn.Module, optimizer, scheduler, b
                max_grad_norm: float, want_grad_norm: bool = False) -> StepResult:
     """One micro-batch of training, the one way ampft trains (`fit` and the speed benchmark both call this).
 
-    Forward and backward under Accelerate's gradient accumulation (fp16: the loss scaled). A micro-batch
-    split into chunks of similar lengths (a list, `ampft.data.LengthChunks`) runs one forward and backward
-    per chunk, each chunk's mean loss weighted by its share of the micro-batch's loss terms (`loss_terms`),
-    and gradients synchronised across ranks on the last chunk only: the micro-batch's gradient and loss.
-    On the last micro-batch of an accumulation: clip to `max_grad_norm` (> 0), which unscales fp16 gradients
-    first (the norm is inf/NaN when the step overflowed), or only compute the norm if `want_grad_norm`; the
-    optimizer step, which the loss scaler skips on overflow; the LR scheduler only for an applied update;
-    zero_grad."""
+    A batch split into length chunks (a list, `ampft.data.LengthChunks`) runs one forward and backward per chunk,
+    each weighted by its share of the loss terms (`loss_terms`), gradients synchronised on the last chunk only.
+    On the last micro-batch of an accumulation: clip (which unscales fp16 gradients; the norm is inf/NaN on
+    overflow), or only compute the norm if `want_grad_norm`; the optimizer step, which the loss scaler skips on
+    overflow; the LR scheduler only for an applied update."""
     grad_norm = None
     chunks = batch if isinstance(batch, list) else [batch]
     if len(chunks) > 1:  # each chunk's share of the batch's loss terms (a whole batch needs no weight)
@@ -269,11 +263,8 @@ def train_step(acc: Accelerator, model: torch.nn.Module, optimizer, scheduler, b
                     part = torch.where(terms[i] > 0, part, 0.0) * (terms[i] / total)
                 acc.backward(part)
             loss += part.detach().float()
-        if acc.sync_gradients:
-            if max_grad_norm > 0:
-                grad_norm = acc.clip_grad_norm_(model.parameters(), max_grad_norm)
-            elif want_grad_norm:
-                grad_norm = acc.clip_grad_norm_(model.parameters(), float("inf"))
+        if acc.sync_gradients and (max_grad_norm > 0 or want_grad_norm):  # inf: the norm only, no clipping
+            grad_norm = acc.clip_grad_norm_(model.parameters(), max_grad_norm if max_grad_norm > 0 else float("inf"))
         optimizer.step()  # Accelerate steps only on the last micro-batch of an accumulation
         optimizer.zero_grad(set_to_none=True)
     synced = acc.sync_gradients
@@ -296,26 +287,19 @@ def loss_terms(batch: dict) -> torch.Tensor:
 
 
 class Window:
-    """What happened since the last logging point, kept on the device and read there (one host sync each): the
-    micro-batch losses, the optimizer steps the loss scaler skipped, tokens, samples and time; also the newest
-    gradient norm (kept across windows: without clipping only the steps that are logged compute one) and the
-    learning rate of the newest applied update. The divergence guard watches the same losses.
+    """What happened since the last logging point, kept on the device and read there (one host sync each): losses,
+    skipped steps, tokens, samples, time, the newest gradient norm (kept across windows: without clipping only
+    logged steps compute one) and the newest applied learning rate. The divergence guard watches the same losses.
 
-    Divergence, without a host sync per step: a device-side counter tracks the current run of optimizer steps
-    whose loss was not finite (and its maximum); it is read every `max_consecutive_nonfinite` attempts and at
-    every `check`. Under fp16 the loss scale is read after every step (GradScaler already syncs there) and its
-    changes are kept as the scale history the error message shows. A loss explosion (the mean loss since the
-    last `check` above `precision.max_loss_ratio` times the loss of the run's first micro-batch, taken before
-    any update) also stops the run; `check` runs at logging points and before every checkpoint, so no
-    checkpoint is written after exploded losses.
+    Divergence, without a host sync per step: a device-side counter of consecutive non-finite steps, read every
+    `max_consecutive_nonfinite` attempts and at every `check`; under fp16 the loss scale, read after every step
+    (GradScaler syncs there anyway), its changes kept for the error message; a loss explosion (the mean since the
+    last `check` above `precision.max_loss_ratio` x the first micro-batch's loss). `check` runs at logging points
+    and before every checkpoint, so no checkpoint is written after exploded losses.
 
-    Checkpoint health: a loss is computed with the weights of the update before it, so those checks run one
-    update behind the weights a checkpoint holds. A checkpoint is therefore known good only once its own
-    weights were seen: the losses of the first update trained from it (a resume's first update too) pass the
-    same checks (finite, within max_loss_ratio). The verdict goes into its manifest
-    (`checkpointing.record_health`); a divergence marks the checkpoint not judged yet as diverged (its weights
-    produced the failing losses) and names the newest checkpoint known good, never one whose weights were not
-    seen.
+    Checkpoint health: a loss is computed with the weights before the update, so a checkpoint is known good only
+    once the first update trained from it passes the same checks; the verdict goes into its manifest. A
+    divergence marks the checkpoint not judged yet as diverged and names the newest one known good.
     """
 
     def __init__(self, acc: Accelerator, p: DictConfig, st: TrainState, run_dir: Path):
@@ -414,8 +398,8 @@ class Window:
         self.batches, self.skipped = 0, 0
 
     def check(self, step: int) -> None:
-        """The divergence checks: runs of non-finite losses, then the losses since the last check against the
-        initial loss (a host sync each; at logging points, checkpoints and the end)."""
+        """The divergence checks: runs of non-finite losses, then the mean loss since the last check against the
+        initial loss (a host sync each)."""
         self.check_nonfinite(step)
         if not self.unchecked_n:
             return
@@ -475,8 +459,8 @@ class Window:
         self.good, self.pending, self.good_health = self.pending, None, {"loss": loss, "step": step}
 
     def record(self, ok: bool, loss: float | None, step: int, why: str | None = None) -> bool:
-        """The pending checkpoint's verdict into its manifest, by the main process; only into one of this run
-        dir's (a resume from another run's checkpoint does not write into that run). True: recorded."""
+        """The pending checkpoint's verdict into its manifest, by the main process, only if it is in this run dir
+        (never into another run's). True: recorded."""
         ours = self.pending.parent.resolve() == self.own
         if ours and self.acc.is_main_process:
             checkpointing.record_health(self.pending, ok, loss, step, why)
