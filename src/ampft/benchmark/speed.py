@@ -252,7 +252,7 @@ def measure_arm(cfg: DictConfig, run_dir: Path, warmup_steps: int, timed_steps: 
             peak_window="timed+warmup steps" if peak_reset else "process lifetime (reset not supported)",
             **model_flops_per_token(model, seq_len),
         )
-        log.info("  %s: median step %.3f s, %s", requested, statistics.median_high(seconds[warmup_steps:]),
+        log.info("  %s: median step %.3f s, %s", requested, statistics.median_high(result["step_seconds"]),
                  _fmt_mem(peak))
         result["sweep"] = _sweep(training, sweep, make_batches, seq_len) if sweep is not None and do_sweep else []
         return result
