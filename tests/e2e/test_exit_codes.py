@@ -198,7 +198,11 @@ def test_several_processes_exit_with_the_ranks_code(tmp_path):
     assert proc.returncode == 3, proc.stderr[-3000:]
     assert "error: training diverged" in proc.stderr
     ended = next(x for x in proc.stderr.splitlines() if x.startswith("ranks ended with: "))
-    assert set(re.findall(r"rank \d: -?\d+", ended)) == {"rank 0: 3", "rank 1: 3"}  # in the order they ended
+    # In the order they ended: the first with its code; torch's launcher stops a rank still tearing down once
+    # another failed (SIGTERM, -15), which on a loaded machine can be the second.
+    codes = re.findall(r"rank (\d): (-?\d+)", ended)
+    assert sorted(r for r, _ in codes) == ["0", "1"] and codes[0][1] == "3", ended
+    assert all(c in ("3", "-15") for _, c in codes[1:]), ended
     assert "Traceback" not in proc.stderr
 
 
