@@ -1,18 +1,11 @@
 """One training step of the composed recipe's real model, traced on fake tensors: what it keeps, what it computes.
 
-The model (`ampft.models.build_model`) is built inside a `FakeTensorMode`: tensors have shape, dtype and device
-but no data, so BERT-large at 32 x 384 traces on a laptop CPU in seconds. The step is the engine's: forward under
-the precision's autocast, backward, gradient clipping, `ampft.finetune.build_optimizer`'s optimizer, zero_grad.
-
-Counted while it runs: every storage, alive from the op that made it until its last tensor dies (weakref
-finalizers), by category, with the peak of their sum; each storage saved for backward once (activations, and the
-16-bit weight copies autocast keeps); FLOPs of each matmul and attention op (`torch.utils.flop_counter`'s
-formulas) and the bytes every op reads and writes, for the roofline in `ampft.estimate.time`.
-
-CPU and CUDA autocast cast different op lists: CUDA's also runs LayerNorm, softmax and others in fp32, so on a GPU
-each linear after a LayerNorm saves its own 16-bit cast. With `target="cuda"` the trace runs on CPU fake tensors
-with CPU autocast plus `CudaPolicy`, which casts the inputs of CUDA's fp32 list to fp32, so the dtypes saved are
-CUDA's. (A fake CUDA device does not trace on a CPU-only torch build.)
+The step is the engine's (autocast forward, backward, clipping, `ampft.finetune.build_optimizer`'s optimizer,
+zero_grad), on a model built inside a `FakeTensorMode` (shapes and dtypes, no data: BERT-large at 32 x 384 traces
+on a laptop CPU in seconds); docs/architecture.md says what is counted. CPU and CUDA autocast cast different op
+lists (CUDA's also runs LayerNorm, softmax and others in fp32, so each linear after a LayerNorm saves its own 16-bit
+cast): with `target="cuda"` the trace runs CPU autocast plus `CudaPolicy`, so the dtypes saved are CUDA's. (A fake
+CUDA device does not trace on a CPU-only torch build.)
 """
 
 from __future__ import annotations
@@ -61,7 +54,8 @@ class CudaPolicy(TorchFunctionMode):
         if func is F.scaled_dot_product_attention:
             if len(args) > 4:
                 args = (*args[:4], 0.0, *args[5:])
-            kwargs = {**kwargs, "dropout_p": 0.0} if len(args) <= 4 else kwargs
+            else:
+                kwargs = {**kwargs, "dropout_p": 0.0}
         if func in CUDA_FP32_FUNCS and torch.is_autocast_enabled("cpu"):
             def up(x):
                 return x.float() if isinstance(x, torch.Tensor) and x.dtype in (torch.float16, torch.bfloat16) else x
@@ -116,64 +110,56 @@ class _Live(TorchDispatchMode):
         self.params = params  # ids of the parameters' storages (resident before the step; not counted here)
         self.leading = {batch_size, batch_size * seq_len}  # first dimensions of per-sample tensors: [B, ...], [B*L, ...]
         self.live: dict[int, list] = {}  # id(storage) -> [nbytes, category, per_sample]
-        self.total = 0
-        self.per_sample = 0
         self.by_cat: Counter = Counter()
+        self.per_sample = 0
         self.phase = Phase()
 
+    @property
+    def total(self) -> int:
+        return sum(self.by_cat.values())
+
     def new_phase(self) -> Phase:
-        self.phase = Phase(peak=self.total, at_peak=dict(self.by_cat))
+        self.phase = Phase(peak=self.total, at_peak=dict(+self.by_cat))
         return self.phase
 
-    def _free(self, key: int) -> None:
-        nbytes, cat, per_sample = self.live.pop(key)
-        self.total -= nbytes
-        self.per_sample -= nbytes if per_sample else 0
-        self.by_cat[cat] -= nbytes
+    def _count(self, entry: list, sign: int) -> None:
+        self.by_cat[entry[1]] += sign * entry[0]
+        self.per_sample += sign * entry[0] * entry[2]
 
-    def tag(self, t: torch.Tensor, category: str, only_from: tuple[str, ...] = ("temporary",)) -> None:
+    def tag(self, t: torch.Tensor, category: str) -> None:
+        """Recategorize a temporary storage (as activations, gradients)."""
         entry = self.live.get(id(t.untyped_storage()))
-        if entry is not None and entry[1] in only_from:
-            self.by_cat[entry[1]] -= entry[0]
-            entry[1] = category
-            if category == "gradients" and entry[2]:  # a gradient whose first dimension happens to be the batch
-                entry[2] = False
-                self.per_sample -= entry[0]
-            self.by_cat[category] += entry[0]
+        if entry is not None and entry[1] == "temporary":
+            self._count(entry, -1)
+            # a gradient whose first dimension happens to be the batch is not per-sample
+            entry[1:] = category, entry[2] and category != "gradients"
+            self._count(entry, 1)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         ins = [x for x in tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
         outs = [x for x in tree_leaves(out) if isinstance(x, torch.Tensor)]
-        view = func.is_view
         cast_of_weight = func.overloadpacket is aten._to_copy and ins and id(ins[0].untyped_storage()) in self.params
         new = 0
         for t in outs:
             s = t.untyped_storage()
-            key = id(s)
-            if key in self.live or key in self.params:
+            if (key := id(s)) in self.live or key in self.params:
                 continue
-            nbytes = s.nbytes()
-            cat = "weight_casts" if cast_of_weight else "temporary"
-            per_sample = t.dim() > 0 and t.shape[0] in self.leading and not cast_of_weight
-            self.live[key] = [nbytes, cat, per_sample]
-            weakref.finalize(s, self._free, key)
-            self.total += nbytes
-            self.per_sample += nbytes if per_sample else 0
-            self.by_cat[cat] += nbytes
-            new += nbytes
-        ph = self.phase
-        ph.timeline.append((self.total - self.per_sample, self.per_sample))
-        if self.total > ph.peak:
-            ph.peak = self.total
-            ph.at_peak = {k: v for k, v in self.by_cat.items() if v}
-        if not view:
-            moved = sum(t.numel() * t.element_size() for t in ins) + new  # read once, written once
+            entry = self.live[key] = [s.nbytes(), "weight_casts" if cast_of_weight else "temporary",
+                                      t.dim() > 0 and t.shape[0] in self.leading and not cast_of_weight]
+            weakref.finalize(s, lambda key=key: self._count(self.live.pop(key), -1))
+            self._count(entry, 1)
+            new += entry[0]
+        ph, total = self.phase, self.total
+        ph.timeline.append((total - self.per_sample, self.per_sample))
+        if total > ph.peak:
+            ph.peak, ph.at_peak = total, dict(+self.by_cat)
+        if not func.is_view:
             flops = op_flops(func, args, kwargs, out)
             ph.flops += flops
             dtype = str(ins[0].dtype if ins else (outs[0].dtype if outs else "")).removeprefix("torch.")
-            ph.ops.append((flops, moved, dtype))
+            ph.ops.append((flops, sum(t.numel() * t.element_size() for t in ins) + new, dtype))  # read, write once
         return out
 
 
@@ -260,6 +246,11 @@ def _checkpointed(model: torch.nn.Module, keep, target: str, calls: list) -> dic
     return changed
 
 
+def _nbytes(tensors) -> int:
+    """Bytes of the distinct storages under `tensors`."""
+    return sum(s.nbytes() for s in {id(t.untyped_storage()): t.untyped_storage() for t in tensors}.values())
+
+
 def trace_step(model: torch.nn.Module, batch: dict, precision: str, target: str = "cuda",
                make_optimizer=None, max_grad_norm: float = 1.0, mode=None, optimizer: bool = True,
                flop_counter: bool = False) -> StepTrace:
@@ -271,17 +262,14 @@ def trace_step(model: torch.nn.Module, batch: dict, precision: str, target: str 
     for p in params:  # the step starts as the engine's do, after zero_grad(set_to_none=True)
         p.grad = None
     resident = {id(t.untyped_storage()) for t in [*params, *model.buffers()]}
-    weights = sum(t.untyped_storage().nbytes() for t in {id(t.untyped_storage()): t for t in
-                                                          [*params, *model.buffers()]}.values())
     live = _Live(resident, *map(int, batch["input_ids"].shape[:2]))
-    saved: dict[int, tuple[int, str]] = {}
+    seen, saved = set(resident), Counter()  # bytes saved for backward by dtype, and the weight casts
 
     def pack(t: torch.Tensor):
-        s = t.untyped_storage()
-        key = id(s)
-        if key not in resident and key not in saved:
-            kind = live.live.get(key, [0, "temporary"])[1]
-            saved[key] = (s.nbytes(), "weight_casts" if kind == "weight_casts" else str(t.dtype).removeprefix("torch."))
+        if (key := id(t.untyped_storage())) not in seen:
+            seen.add(key)
+            cast = live.live.get(key, [0, "temporary"])[1] == "weight_casts"
+            saved["weight_casts" if cast else str(t.dtype).removeprefix("torch.")] += t.untyped_storage().nbytes()
             live.tag(t, "activations")
         return t
 
@@ -289,31 +277,29 @@ def trace_step(model: torch.nn.Module, batch: dict, precision: str, target: str 
     checkpointed = _checkpointed(model, pack, target, recomputed)
     handles = [p.register_post_accumulate_grad_hook(lambda p: live.tag(p.grad, "gradients")) for p in params
                if p.requires_grad]
-    autocast = (torch.autocast("cpu", dtype=HALF[precision]) if precision in HALF else contextlib.nullcontext())
-    policy = CudaPolicy() if target == "cuda" else contextlib.nullcontext()
-    counter = FlopCounterMode(display=False, custom_mapping=EXTRA_FLOPS) if flop_counter else contextlib.nullcontext()
-    outer = mode if mode is not None else contextlib.nullcontext()
+    null = contextlib.nullcontext()
+    autocast = torch.autocast("cpu", dtype=HALF[precision]) if precision in HALF else null
+    counter = FlopCounterMode(display=False, custom_mapping=EXTRA_FLOPS) if flop_counter else None
+    state = 0
     try:
-        with outer:
+        with mode if mode is not None else null:
             opt = make_optimizer(model) if (optimizer and make_optimizer) else None
             model.train()
-            with counter, live:
-                with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast, policy:
+            with counter if counter is not None else null, live:
+                with (torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast,
+                      CudaPolicy() if target == "cuda" else null):
                     loss = model(**batch).loss
-                saved_now = dict(saved)
+                by_dtype = saved.copy()
                 loss.backward()
                 del loss
                 fwd_bwd = live.phase
-                grads = sum(p.grad.untyped_storage().nbytes() for p in params if p.grad is not None)
-                state = 0
+                grads = _nbytes(p.grad for p in params if p.grad is not None)
                 step_phase = live.new_phase()
                 if opt is not None:
                     if max_grad_norm > 0:
                         torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
                     opt.step()
-                    states = [t for st in opt.state.values() for t in st.values() if isinstance(t, torch.Tensor)]
-                    state = sum(t.untyped_storage().nbytes() for t in {id(t.untyped_storage()): t
-                                                                        for t in states}.values())
+                    state = _nbytes(t for st in opt.state.values() for t in st.values() if isinstance(t, torch.Tensor))
                     opt.zero_grad(set_to_none=True)
     finally:
         for mod, func in checkpointed.items():
@@ -322,17 +308,14 @@ def trace_step(model: torch.nn.Module, batch: dict, precision: str, target: str 
             h.remove()
         for p in params:
             p.grad = None
-    by_dtype: Counter = Counter()
-    for nbytes, kind in saved_now.values():
-        by_dtype[kind] += nbytes
     casts = by_dtype.pop("weight_casts", 0)
     return StepTrace(
         precision=precision, target=target, batch_size=int(batch["input_ids"].shape[0]),
         seq_len=int(batch["input_ids"].shape[1]), params=sum(p.numel() for p in params),
-        trainable_params=sum(p.numel() for p in params if p.requires_grad), weights=weights, gradients=grads,
-        optimizer_state=state, saved_activations=sum(by_dtype.values()), saved_weight_casts=casts,
-        saved_by_dtype=dict(by_dtype), forward_backward=fwd_bwd, optimizer_step=step_phase,
-        largest_block_params=largest_block(model),
-        flop_counter_total=int(counter.get_total_flops()) if flop_counter else None,
+        trainable_params=sum(p.numel() for p in params if p.requires_grad),
+        weights=_nbytes([*params, *model.buffers()]), gradients=grads, optimizer_state=state,
+        saved_activations=sum(by_dtype.values()), saved_weight_casts=casts, saved_by_dtype=dict(by_dtype),
+        forward_backward=fwd_bwd, optimizer_step=step_phase, largest_block_params=largest_block(model),
+        flop_counter_total=int(counter.get_total_flops()) if counter is not None else None,
         seconds=time.perf_counter() - started, checkpointed_layers=len(recomputed),
     )
