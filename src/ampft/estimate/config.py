@@ -1,8 +1,5 @@
-"""The `estimate` keys, added to the composed finetune config by conf/estimate.yaml (`make estimate`).
-
-`estimate_schema` is stored in Hydra's ConfigStore as `{"estimate": EstimateConfig}`; conf/estimate.yaml lists it
-before `finetune`, so every finetune group and key composes as for `make finetune`, unknown `estimate.*` keys fail
-at compose time, and `check` reports every bad value at once.
+"""The `estimate` keys, added to the composed finetune config by conf/estimate.yaml (`make estimate`): listed
+before `finetune` there, so every finetune key composes as for `make finetune` and unknown `estimate.*` keys fail.
 """
 
 from __future__ import annotations
@@ -44,18 +41,17 @@ class EstimateConfigError(ConfigError):
 
 
 def check(e: DictConfig) -> None:
-
-    problems = []
-    if e.gpu not in CHOICES:
-        problems.append(f"estimate.gpu={e.gpu}: not a known device; choose one of {', '.join(CHOICES)}")
-    if e.precisions is not None and not e.precisions:
-        problems.append("estimate.precisions is empty: give some of [fp32,tf32,fp16,bf16], or null for all four")
-    if e.ranks is not None and e.ranks < 1:
-        problems.append(f"estimate.ranks={e.ranks}: must be >= 1, or null (from distributed.num_processes)")
-    for key in ("cuda_context_gib", "workspace_mib", "allocator_overhead"):
-        if not e[key] >= 0:
-            problems.append(f"estimate.{key}={e[key]}: must be >= 0")
-    if e.efficiency is not None and not 0 < e.efficiency <= 1:
-        problems.append(f"estimate.efficiency={e.efficiency}: a fraction in (0, 1], or null (calibrated)")
+    """Every bad `estimate.*` value at once."""
+    problems = [msg for bad, msg in (
+        (e.gpu not in CHOICES, f"estimate.gpu={e.gpu}: not a known device; choose one of {', '.join(CHOICES)}"),
+        (e.precisions is not None and not e.precisions,
+         "estimate.precisions is empty: give some of [fp32,tf32,fp16,bf16], or null for all four"),
+        (e.ranks is not None and e.ranks < 1,
+         f"estimate.ranks={e.ranks}: must be >= 1, or null (from distributed.num_processes)"),
+        *((not e[k] >= 0, f"estimate.{k}={e[k]}: must be >= 0")
+          for k in ("cuda_context_gib", "workspace_mib", "allocator_overhead")),
+        (e.efficiency is not None and not 0 < e.efficiency <= 1,
+         f"estimate.efficiency={e.efficiency}: a fraction in (0, 1], or null (calibrated)"),
+    ) if bad]
     if problems:
         raise EstimateConfigError(problems)

@@ -1,28 +1,10 @@
 """Memory per rank of one training step, by component, for each way of spreading the model over ranks.
 
-From a traced step (`ampft.estimate.trace.StepTrace`) the step's peak is the larger of two moments: the
-forward/backward peak (weights, optimizer state, activations and 16-bit weight casts saved for backward, the
-gradients already there, temporaries) and the optimizer step (weights, gradients, state and the optimizer's
-temporaries: full-size for foreach AdamW under fp16 loss scaling, none for fused AdamW). Activations are per rank
-and never divided; the batch is per device. What each strategy divides by N ranks, and what it adds:
-
-- ddp: nothing divided; DDP's gradient buckets are a second copy of the gradients (Accelerate's default
-  `gradient_as_bucket_view=False`).
-- zero1 / zero2 / zero3 (DeepSpeed): optimizer state; zero2 also gradients; zero3 also weights, plus the gathered
-  layer being computed and the prefetch bucket. A gradient reduce bucket of `distributed.reduce_bucket_size`
-  elements (at most the model). In DeepSpeed's own fp16/bf16 mode (`distributed.deepspeed_precision=half`, the
-  default for fp16) weights and gradients are 16-bit, the optimizer holds an fp32 master copy (sharded like the
-  state) and there are no weight casts.
-- fsdp2: weights, gradients and state, plus the layer being computed and the next one gathered in fp32 (ampft's
-  FSDP2 policy casts nothing) and one layer's unsharded gradients before their reduce-scatter; with
-  `distributed.fsdp_reshard_after_forward=false` the whole model stays gathered from forward to backward.
-
-Weight casts are never divided: autocast casts the gathered weights (ZeRO-3, FSDP2) and autograd keeps the casts
-after the fp32 shards are released. With gradient checkpointing the peak holds the layers' inputs plus one
-recomputed layer's activations, and that layer's casts as well as those kept for backward.
-
-Beyond the step's peak a GPU holds the CUDA context, library workspaces and the caching allocator's slack: stated
-assumptions (`estimate.cuda_context_gib`, `estimate.workspace_mib`, `estimate.allocator_overhead`), not traced.
+docs/benchmarks/estimate.md ("Memory: counted from a trace") states the model: the step's peak is the larger of the
+forward/backward and the optimizer-step moments of a traced step; activations and weight casts (autocast casts the
+gathered weights) are per rank and never divided; what each strategy divides by N and adds is its "Sharding" table.
+With gradient checkpointing the peak holds the layers' inputs plus one recomputed layer's activations and casts.
+The CUDA context, workspaces and allocator slack are stated assumptions (`estimate.*` keys), not traced.
 """
 
 from __future__ import annotations
@@ -105,19 +87,16 @@ def breakdown(tr: StepTrace, strategy: str, sh: Sharding, fp16_scaler: bool, gra
     opt_temp = max(0.0, tr.optimizer_step.peak - tr.gradients - tr.optimizer_state)
     weight_elem = weights / max(tr.params, 1)
     block = float(tr.largest_block_params) * weight_elem
+    w_div, g_div, s_div = dict(zero1=(1, 1, n), zero2=(1, n, n), zero3=(n, n, n), fsdp2=(n, n, n)).get(
+        strategy, (1, 1, 1))  # what the strategy divides: weights, gradients, optimizer state
     comm_fb = comm_opt = 0.0
-    w_div = g_div = s_div = 1
     if strategy == "ddp":
         comm_fb = comm_opt = grads
-    elif strategy in ("zero1", "zero2", "zero3"):
-        s_div = n
-        g_div = 1 if strategy == "zero1" else n
+    elif strategy.startswith("zero"):
         comm_fb = comm_opt = float(min(sh.reduce_bucket_size, p) * grad_elem)  # the gradient reduce bucket
         if strategy == "zero3":
-            w_div = n
             comm_fb += block + min(sh.stage3_prefetch_bucket_size, p) * weight_elem
     elif strategy == "fsdp2":
-        w_div = g_div = s_div = n
         comm_fb = 2 * block + block / max(weight_elem, 1) * grad_elem
         if not sh.fsdp_reshard_after_forward:
             comm_fb += weights * (n - 1) / n

@@ -6,8 +6,6 @@ import json
 from pathlib import Path
 
 GIB = 2**30
-COMPONENTS = ["weights", "fp32_master_copies", "gradients", "optimizer_state", "weight_casts", "activations",
-              "temporaries", "communication_buffers", "loss_scaler"]
 LABELS = dict(weights="weights", fp32_master_copies="fp32 master copies", gradients="gradients",
               optimizer_state="optimizer state (AdamW)", weight_casts="16-bit weight casts kept for backward",
               activations="activations saved for backward", temporaries="temporaries at the peak",
@@ -70,7 +68,7 @@ def markdown(r: dict) -> str:
     mem = asked["memory"]
     strategies = list(mem)
     rows = []
-    for c in COMPONENTS:
+    for c in LABELS:
         vals = [mem[s]["components"].get(c, 0) for s in strategies]
         if any(vals):
             rows.append([LABELS[c], *[gib(v) if v >= 1 << 20 or not v else f"{v:.0f} B" for v in vals]])

@@ -44,9 +44,6 @@ def compose(overrides: list[str], conf_dir: Path = CONF_DIR) -> DictConfig:
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    import ampft.config  # noqa: F401  (registers finetune_schema)
-    import ampft.estimate.config  # noqa: F401  (registers estimate_schema)
-
     with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
         return hydra_compose(config_name="estimate", overrides=list(overrides))
 
@@ -91,30 +88,19 @@ def trace_all(cfg: DictConfig, precisions: list[str], target: str, slope: bool =
         notes.append("model.attn_implementation=auto: traced with SDPA (memory-efficient kernel); FlashAttention-2, "
                      "chosen on Ampere+ GPUs in fp16/bf16 where flash-attn is installed, keeps the same tensors")
     device = torch.device(target)
-    full, low = {}, {}
+    traced = {}  # by the precision traced: tf32 runs fp32's dtypes
     for p in precisions:
-        twin = {"tf32": "fp32", "fp32": "tf32"}.get(p)
-        if twin in full:
-            full[p] = dataclasses.replace(full[twin], precision=p)
-            if twin in low:
-                low[p] = dataclasses.replace(low[twin], precision=p)
-            continue
-        scaling = p == "fp16" and not (cfg.distributed.backend == Backend.deepspeed and deepspeed_half(cfg, p))
-        trace_p = "fp32" if p == "tf32" else p
-        full[p] = dataclasses.replace(trace_step(
-            model, batch, trace_p, target, lambda mod, s=scaling: build_optimizer(mod, cfg.optim, device, s),
-            float(cfg.trainer.max_grad_norm), mode), precision=p)
-        if slope:
-            low[p] = dataclasses.replace(trace_step(model, small, trace_p, target, mode=mode, optimizer=False),
-                                         precision=p)
-        log.info("traced %s: %.1f s", p, full[p].seconds)
-    return full, low, notes
+        if (t := "fp32" if p == "tf32" else p) not in traced:
+            scaling = p == "fp16" and not (cfg.distributed.backend == Backend.deepspeed and deepspeed_half(cfg, p))
+            traced[t] = [trace_step(model, batch, t, target, lambda mod, s=scaling: build_optimizer(
+                mod, cfg.optim, device, s), float(cfg.trainer.max_grad_norm), mode)]
+            if slope:
+                traced[t].append(trace_step(model, small, t, target, mode=mode, optimizer=False))
+            log.info("traced %s: %.1f s", p, traced[t][0].seconds)
 
-
-def _verdict(ratio: float | None, claimed: float) -> str:
-    if ratio is None:
-        return NOT_APPLICABLE
-    return HOLDS if ratio <= claimed + SLACK else FAILS
+    def copies(i):
+        return {p: dataclasses.replace(traced["fp32" if p == "tf32" else p][i], precision=p) for p in precisions}
+    return copies(0), copies(1) if slope else {}, notes
 
 
 def _at_anchor(cfg: DictConfig, anchor: dict) -> bool:
@@ -124,11 +110,11 @@ def _at_anchor(cfg: DictConfig, anchor: dict) -> bool:
 
 
 def verdicts(rows: dict, dev: Device, cfg: DictConfig) -> list[dict]:
-    """Each seed claim, judged on the predictions for this device and recipe."""
-    out = []
-    base = rows.get("fp32")
+    """Each seed claim, judged on the predictions for this device and recipe (holds: None for not applicable)."""
+    out, base = [], rows.get("fp32")
 
-    def add(claim, verdict, predicted, note=""):
+    def add(claim, holds, predicted="", note=""):
+        verdict = NOT_APPLICABLE if holds is None else HOLDS if holds else FAILS
         out.append(dict(claim=claim, verdict=verdict, predicted=predicted, note=note))
 
     def seconds(r):
@@ -137,46 +123,43 @@ def verdicts(rows: dict, dev: Device, cfg: DictConfig) -> list[dict]:
     def peak(r):
         return r["memory"]["single"]["peak"]
 
-    mixed = [r for p, r in rows.items() if p in ("fp16", "bf16") and r["supported"]]
-    if base is None or not mixed:
-        add("Mixed precision trains in about 60% of FP32's time, with about 57% of its memory", NOT_APPLICABLE, "",
+    mixed = [r for p, r in rows.items() if p in ("fp16", "bf16") and r["supported"]] if base else []
+    if not mixed:
+        add("Mixed precision trains in about 60% of FP32's time, with about 57% of its memory", None, "",
             "needs fp32 and fp16/bf16 in estimate.precisions on a device that runs them")
-    else:
-        cpu_note = "the claim is about GPUs; on this CPU for the record" if dev.kind == "cpu" else ""
-        for r in mixed:
-            t, mem = seconds(r) / seconds(base), peak(r) / peak(base)
-            add(f"Mixed precision ({r['precision']}) trains in about 60% of FP32's time", _verdict(t, TIME_CLAIM),
-                f"{t:.0%} of true fp32's time", cpu_note)
-            add(f"Mixed precision ({r['precision']}) needs about 57% of FP32's memory", _verdict(mem, MEMORY_CLAIM),
-                f"{mem:.0%} of fp32's peak",
-                cpu_note or "weights, gradients and AdamW state stay fp32 under autocast; only activations shrink")
-            add(f"BERT fine-tuning in {r['precision']}: about 2x faster with half the memory",
-                HOLDS if t <= 0.5 + SLACK and mem <= 0.5 + SLACK else FAILS, f"{1 / t:.2f}x faster, {mem:.0%} memory")
-    for p in ("tf32", "fp16", "bf16"):
-        r = rows.get(p)
-        if base is None or r is None:
+    cpu_note = "the claim is about GPUs; on this CPU for the record" if dev.kind == "cpu" else ""
+    for r in mixed:
+        t, mem, p = seconds(r) / seconds(base), peak(r) / peak(base), r["precision"]
+        add(f"Mixed precision ({p}) trains in about 60% of FP32's time", t <= TIME_CLAIM + SLACK,
+            f"{t:.0%} of true fp32's time", cpu_note)
+        add(f"Mixed precision ({p}) needs about 57% of FP32's memory", mem <= MEMORY_CLAIM + SLACK,
+            f"{mem:.0%} of fp32's peak",
+            cpu_note or "weights, gradients and AdamW state stay fp32 under autocast; only activations shrink")
+        add(f"BERT fine-tuning in {p}: about 2x faster with half the memory", t <= 0.5 + SLACK and mem <= 0.5 + SLACK,
+            f"{1 / t:.2f}x faster, {mem:.0%} memory")
+    for p in ("tf32", "fp16", "bf16") if base else ():
+        if (r := rows.get(p)) is None:
             continue
         claim = f"Tensor Cores ({p}) give 1.5-3x FP32's throughput"
         if dev.kind == "cpu":
-            add(claim, NOT_APPLICABLE, "", "a CPU has no Tensor Cores")
+            add(claim, None, "", "a CPU has no Tensor Cores")
         elif not r["supported"] or (p == "tf32" and not dev.tflops.get("tf32")):
-            add(claim, NOT_APPLICABLE, "", f"{dev.label} has no {p} Tensor Core path")
+            add(claim, None, "", f"{dev.label} has no {p} Tensor Core path")
         else:
             s = seconds(base) / seconds(r)
-            add(claim, HOLDS if s >= TENSOR_CORE_SPEEDUP[0] else FAILS, f"{s:.2f}x",
+            add(claim, s >= TENSOR_CORE_SPEEDUP[0], f"{s:.2f}x",
                 "more than the claimed 3x: true fp32 runs on CUDA cores" if s > TENSOR_CORE_SPEEDUP[1] else "")
     nv = NVIDIA_ANCHOR
     if dev.name == "a100-80gb" and _at_anchor(cfg, nv) and "tf32" in rows and "fp16" in rows:
         a, b = rows["tf32"]["time"]["samples_per_second"], rows["fp16"]["time"]["samples_per_second"]
         add("NVIDIA: BERT-large SQuAD, one A100-80GB, 32 x 384: TF32 61.5, FP16 110.5 sequences/s (1.79x)",
-            HOLDS if b / a >= 0.8 * nv["fp16"] / nv["tf32"] else FAILS,
-            f"TF32 {a:.1f}, FP16 {b:.1f} sequences/s ({b / a:.2f}x)",
+            b / a >= 0.8 * nv["fp16"] / nv["tf32"], f"TF32 {a:.1f}, FP16 {b:.1f} sequences/s ({b / a:.2f}x)",
             "the efficiency factor is calibrated on these two points, so this is a consistency check, not a test")
     if dev.name.startswith("v100") and _at_anchor(cfg, HF_ANCHOR) and "fp16" in rows and base is not None:
         f = rows["fp16"]
         s, saving = seconds(base) / seconds(f), 1 - peak(f) / peak(base)
         add("Hugging Face: bert-large, seq 512, batch 4, one V100: fp16 2.1x fp32 throughput, 7% less memory",
-            HOLDS if s >= 0.8 * HF_ANCHOR["speedup"] else FAILS, f"{s:.2f}x, {saving:.0%} less memory")
+            s >= 0.8 * HF_ANCHOR["speedup"], f"{s:.2f}x, {saving:.0%} less memory")
     return out
 
 

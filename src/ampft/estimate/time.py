@@ -1,19 +1,10 @@
 """Step time from a traced step: a roofline per op, one efficiency factor calibrated on NVIDIA's published figures.
 
-Each op of the traced step takes max(FLOPs / peak, bytes / bandwidth): matmuls and attention at the device's peak
-for the dtype they ran in (fp32 matmuls at the TF32 Tensor Core rate under precision=tf32, at the CUDA-core rate
-under fp32; fp16/bf16 at the Tensor Core rate), every other op (LayerNorm, GELU, dropout, softmax, casts, the
-optimizer) at the memory bandwidth, reading its inputs and writing its outputs once. The sum is what the hardware
-could do at its datasheet rates; real steps are slower (kernel launches, tails of small matmuls, kernels below peak
-bandwidth), by a factor taken from a published measurement:
-
-    NVIDIA DeepLearningExamples, BERT-large SQuAD v1.1 fine-tuning on one A100-80GB, batch 32, sequence 384:
-    61.5 sequences/s in TF32, 110.5 in mixed precision (fp16).
-
-`EFFICIENCY` is the geometric mean over those two points of (roofline time / published time) for that model, shape
-and GPU, traced by `calibrate()` (`python -m ampft.estimate.run` prints it again). It is applied unchanged to every
-device, precision, model and shape: an assumption, and the reason these are predictions. How far the model
-reproduces the ratio of the two points themselves is printed with it (`CALIBRATION`).
+docs/benchmarks/estimate.md ("Time: a roofline with one calibrated factor") states the model: each op takes
+max(FLOPs / peak for its dtype, bytes / bandwidth); `EFFICIENCY`, the geometric mean of roofline time / published
+time over NVIDIA's BERT-large SQuAD A100-80GB points (32 x 384: TF32 61.5, FP16 110.5 sequences/s), traced by
+`calibrate()`, is applied unchanged to every device, precision, model and shape; `CALIBRATION` says how far the
+model reproduces the ratio of the two points.
 """
 
 from __future__ import annotations
@@ -81,15 +72,10 @@ def calibrate(traces: dict[str, StepTrace]) -> dict:
     BERT-large with a SQuAD head at 32 x 384 on the A100-80GB (`traces`: its tf32 and fp16 steps, traced by
     `ampft.estimate.run.calibration`)."""
     nv = NVIDIA_ANCHOR
-    dev = GPUS["a100-80gb"]
-    ratios = {}
-    for p in ("tf32", "fp16"):
-        published = nv["batch_size"] / nv[p]
-        ratios[p] = roofline_seconds(traces[p], p, dev)["total"] / published
+    roof = {p: roofline_seconds(traces[p], p, GPUS["a100-80gb"])["total"] for p in ("tf32", "fp16")}
+    ratios = {p: roof[p] / (nv["batch_size"] / nv[p]) for p in roof}
     eff = math.exp(sum(math.log(r) for r in ratios.values()) / len(ratios))
-    model_speedup = (roofline_seconds(traces["tf32"], "tf32", dev)["total"]
-                     / roofline_seconds(traces["fp16"], "fp16", dev)["total"])
     return dict(efficiency=eff, per_point=ratios, published_speedup=nv["fp16"] / nv["tf32"],
-                model_speedup=model_speedup,
+                model_speedup=roof["tf32"] / roof["fp16"],
                 source="NVIDIA DeepLearningExamples BERT (PyTorch) SQuAD fine-tuning, 1x A100-80GB, batch 32, seq 384: "
                        "TF32 61.5, FP16 110.5 sequences/s")
