@@ -24,10 +24,8 @@ def _rate(fn, work: float, seconds: float = 0.3) -> float:
 
 
 def measure_cpu(tokens: int = 512, width: int = 384) -> Device:
-    """This machine as a device: TFLOP/s of a linear layer per dtype (tokens x width into 4 x width, the shape of a
-    BERT feed-forward matmul; a square `a @ a` takes another, much slower bf16 path on AVX2-only CPUs) and copy
-    bandwidth, measured now (about 2 s), and its RAM. Achieved rates, not datasheet peaks: the time model takes
-    them with an efficiency of 1."""
+    """This machine as a device: achieved TFLOP/s of a BERT feed-forward-shaped linear per dtype (a square `a @ a`
+    takes a much slower bf16 path on AVX2-only CPUs), copy bandwidth (about 2 s in all), and its RAM."""
     tflops: dict[str, float | None] = {}
     for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16), ("fp16", torch.float16)):
         x, w = torch.randn(tokens, width, dtype=dtype), torch.randn(4 * width, width, dtype=dtype)
@@ -43,6 +41,4 @@ def measure_cpu(tokens: int = 512, width: int = 384) -> Device:
 
 def device(name: str) -> Device:
     """The named device (`estimate.gpu`), or this CPU measured."""
-    if name == "cpu":
-        return measure_cpu()
-    return GPUS[name]
+    return measure_cpu() if name == "cpu" else GPUS[name]

@@ -78,11 +78,9 @@ def breakdown(tr: StepTrace, strategy: str, sh: Sharding, fp16_scaler: bool, gra
     casts = float(tr.saved_weight_casts)
     if tr.checkpointed_layers:  # the casts of the layer being recomputed at the peak, not only those kept for backward
         casts = max(casts, float(fb.get("weight_casts", 0)))
-    master = 0.0
-    grad_elem = tr.gradients / max(p, 1)
+    master, grad_elem = 0.0, tr.gradients / max(p, 1)
     if strategy.startswith("zero") and sh.deepspeed_half:
-        weights, grads, master, casts = weights / 2, grads / 2, 4.0 * p, 0.0
-        grad_elem = 2
+        weights, grads, master, casts, grad_elem = weights / 2, grads / 2, 4.0 * p, 0.0, 2
     grads_fb = grads if grad_accum > 1 else float(fb.get("gradients", 0)) * (grads / max(tr.gradients, 1))
     opt_temp = max(0.0, tr.optimizer_step.peak - tr.gradients - tr.optimizer_state)
     weight_elem = weights / max(tr.params, 1)

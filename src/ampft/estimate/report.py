@@ -60,14 +60,13 @@ def markdown(r: dict) -> str:
            "(docs/benchmarks/estimate.md states how far both have been off).", ""]
     if r["command"]:
         out += [f"Command: `{r['command']}`", ""]
-    out += [f"## One device ({gib(r['usable_bytes'])} GiB usable of {dev['memory_gib']:.1f} GiB)", ""]
-    out += _table(SUMMARY_HEADER, summary_rows(r)) + [""]
-    out += ["`largest batch`: per device, at this sequence length. `device needs`: the step's peak plus the "
-            "allocator's slack, the CUDA context and workspaces (estimate.* keys).", ""]
-    out += [f"## Memory breakdown at the peak, {r['precision']}, per rank ({r['ranks']} ranks where sharded)", ""]
-    mem = asked["memory"]
+    out += [f"## One device ({gib(r['usable_bytes'])} GiB usable of {dev['memory_gib']:.1f} GiB)", "",
+            *_table(SUMMARY_HEADER, summary_rows(r)), "",
+            "`largest batch`: per device, at this sequence length. `device needs`: the step's peak plus the "
+            "allocator's slack, the CUDA context and workspaces (estimate.* keys).", "",
+            f"## Memory breakdown at the peak, {r['precision']}, per rank ({r['ranks']} ranks where sharded)", ""]
+    mem, rows = asked["memory"], []
     strategies = list(mem)
-    rows = []
     for c in LABELS:
         vals = [mem[s]["components"].get(c, 0) for s in strategies]
         if any(vals):
@@ -76,14 +75,13 @@ def markdown(r: dict) -> str:
     rows.append(["fits / largest batch",
                  *[f"{'yes' if mem[s]['fits'] else 'no'} / {mem[s]['largest_batch']}" for s in strategies]])
     names = [STRATEGY_NAMES[s] + (" (recipe)" if s == r["strategy"] else "") for s in strategies]
-    out += _table(["GiB per rank", *names], rows) + [""]
-    out += ["## Every precision under each strategy (step peak GiB per rank / largest batch)", ""]
+    out += [*_table(["GiB per rank", *names], rows), "",
+            "## Every precision under each strategy (step peak GiB per rank / largest batch)", ""]
     rows = [[p, *[f"{gib(r['rows'][p]['memory'][s]['peak'])} / {r['rows'][p]['memory'][s]['largest_batch']}"
                   for s in strategies]] for p in r["precisions"]]
-    out += _table(["precision", *names], rows) + [""]
-    out += ["## Seed claims, judged on these predictions", ""]
-    out += _table(["claim", "verdict", "predicted", "note"],
-                  [[v["claim"], f"**{v['verdict']}**", v["predicted"], v["note"]] for v in r["verdicts"]]) + [""]
+    out += [*_table(["precision", *names], rows), "", "## Seed claims, judged on these predictions", "",
+            *_table(["claim", "verdict", "predicted", "note"],
+                    [[v["claim"], f"**{v['verdict']}**", v["predicted"], v["note"]] for v in r["verdicts"]]), ""]
     t = asked["trace"]
     checkpointed = (f"- gradient checkpointing (model.gradient_checkpointing=true): {t['checkpointed_layers']} layers "
                     "keep only their inputs and are recomputed in the backward pass; the FLOPs and the time include "
@@ -99,8 +97,7 @@ def markdown(r: dict) -> str:
             + ", ".join(f"{k} {v:g}" for k, v in dev["tflops"].items() if v) + f" ({dev['source']})",
             f"- efficiency: {r['efficiency']:.3f} of the roofline" if r["efficiency"] else "- efficiency: —",
             "- every batch padded to task.max_length (the worst case; with trainer.padding=longest most are shorter)"]
-    out += [f"- {n}" for n in r["notes"] + r["warnings"]]
-    out += ["", f"estimated in {r['seconds']} s with torch {r['torch']}"]
+    out += [*(f"- {n}" for n in r["notes"] + r["warnings"]), "", f"estimated in {r['seconds']} s with torch {r['torch']}"]
     return "\n".join(out) + "\n"
 
 

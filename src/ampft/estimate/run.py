@@ -60,28 +60,23 @@ def _labels(task: DictConfig) -> tuple[list[str] | None, str]:
 
 def deepspeed_half(cfg: DictConfig, precision: str) -> bool:
     """Whether DeepSpeed would run this precision in its own 16-bit mode (`distributed.deepspeed_precision`)."""
-    p = OmegaConf.create({"name": precision})
-    return deepspeed_mode(p, cfg.distributed.deepspeed_precision) == "half"
+    return deepspeed_mode(OmegaConf.create({"name": precision}), cfg.distributed.deepspeed_precision) == "half"
 
 
 def trace_all(cfg: DictConfig, precisions: list[str], target: str, slope: bool = False):
     """({precision: StepTrace} at the configured batch, {precision: StepTrace} of forward/backward at a quarter of it
     when `slope` (the tests' check of `Phase.peak_at`), notes). tf32 reuses fp32's trace: the same dtypes."""
-    notes = []
     m = OmegaConf.merge(cfg.model, {"pretrained": False})  # the architecture is all an estimate needs
     tokenizer = load_tokenizer(m)
     labels, note = _labels(cfg.task)
-    if note:
-        notes.append(note)
+    notes = [note] if note else []
     family = family_for(cfg.task.family)
     bs, seq = int(cfg.trainer.batch_size), int(cfg.task.max_length)
     small_bs = max(1, bs // 4) if bs > 1 else 2
     mode = fake_mode()
     with mode:
         model = build_model(m, tokenizer, labels, family, Precision.fp32, torch.device("cpu"))
-        vocab = model.config.vocab_size
-        batch = fake_batch(family, bs, seq, vocab)
-        small = fake_batch(family, small_bs, seq, vocab)
+        batch, small = (fake_batch(family, b, seq, model.config.vocab_size) for b in (bs, small_bs))
     if model.config._attn_implementation != "sdpa":
         notes.append(f"attention traced as {model.config._attn_implementation}")
     elif target == "cuda" and cfg.model.attn_implementation == "auto":
@@ -175,7 +170,7 @@ def estimate(cfg: DictConfig, command: str = "") -> dict:
     warnings = [w for w in validate(local) if not w.startswith(("precision=fp16 on CPU", "precision=tf32:"))]
     dev = gpus.device(e.gpu)
     precisions = [Precision(p).value for p in (e.precisions or Precision)]
-    full, low, notes = trace_all(cfg, precisions, dev.kind)
+    full, _, notes = trace_all(cfg, precisions, dev.kind)
     d = cfg.distributed
     world = int(d.num_processes) * int(d.num_machines)
     ranks = int(e.ranks or (world if world > 1 else 8))
@@ -217,13 +212,10 @@ def estimate(cfg: DictConfig, command: str = "") -> dict:
 def predict_arms(cfgs: dict[str, DictConfig], env: dict) -> dict[str, dict]:
     """For `make benchmark` reports: each speed arm's predicted step time (and peak allocated on a GPU) on the device
     the benchmark ran on, next to what it measured. An arm that cannot be predicted is left out, with a warning."""
-    if env.get("device_type") == "cuda":
-        dev = for_cuda_name(env.get("device_name", ""))
-        if dev is None:
-            log.warning("no prediction next to the measurements: %s is not in ampft.devices", env.get("device_name"))
-            return {}
-    else:
-        dev = gpus.measure_cpu()
+    dev = for_cuda_name(env.get("device_name", "")) if env.get("device_type") == "cuda" else gpus.measure_cpu()
+    if dev is None:
+        log.warning("no prediction next to the measurements: %s is not in ampft.devices", env.get("device_name"))
+        return {}
     out = {}
     for arm, cfg in cfgs.items():
         p = Precision(cfg.precision.name).value

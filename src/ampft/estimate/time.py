@@ -33,8 +33,7 @@ def op_seconds(flops: int, moved: int, dtype: str, precision: str, dev: Device) 
 
 def roofline_seconds(tr: StepTrace, precision: str, dev: Device) -> dict[str, float]:
     """Seconds per phase at datasheet rates, and the share bound by compute."""
-    out = {}
-    compute = 0.0
+    out, compute = {}, 0.0
     for name, phase in (("forward_backward", tr.forward_backward), ("optimizer_step", tr.optimizer_step)):
         total = 0.0
         for flops, moved, dtype in phase.ops:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves, tree_map
@@ -44,10 +45,8 @@ CUDA_FP32_FUNCS = frozenset([
 
 
 class CudaPolicy(TorchFunctionMode):
-    """What CUDA does differently from the CPU, on CPU fake tensors: CUDA's fp32-list ops run in fp32. Attention:
-    with dropout, CPU SDPA falls back to the math path (keeping the seq x seq probabilities and mask), while
-    CUDA's kernels keep only the output and log-sum-exp; tracing SDPA without dropout selects CPU's flash
-    kernel, with the same saved tensors and FLOPs as CUDA's."""
+    """CUDA's autocast on CPU fake tensors: CUDA's fp32-list ops run in fp32, and SDPA without dropout (CPU's flash
+    kernel keeps what CUDA's kernels do; with dropout CPU falls back to the math path: docs/benchmarks/estimate.md)."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -193,14 +192,11 @@ class StepTrace:
         return self.forward_backward.flops + self.optimizer_step.flops
 
     def peak(self) -> int:
-        """Steady-state peak of one step (optimizer state already there): weights + max(state + forward/backward
-        peak, optimizer step peak, which already holds gradients and state)."""
+        """Steady-state peak of one step: the optimizer step's peak already holds gradients and state."""
         return self.weights + max(self.optimizer_state + self.forward_backward.peak, self.optimizer_step.peak)
 
 
-def fake_mode():
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
+def fake_mode() -> FakeTensorMode:
     return FakeTensorMode(allow_non_fake_inputs=True)
 
 
@@ -214,18 +210,17 @@ def fake_batch(family: Family, batch_size: int, seq_len: int, vocab: int) -> dic
 
 def largest_block(model: torch.nn.Module) -> int:
     """Parameters of one transformer layer (the element of the model's largest list of identical modules)."""
+    def size(m: torch.nn.Module) -> int:
+        return sum(p.numel() for p in m.parameters())
+
     lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m)]
-    if not lists:
-        return sum(p.numel() for p in model.parameters())
-    biggest = max(lists, key=lambda m: sum(p.numel() for p in m.parameters()))
-    return max(sum(p.numel() for p in b.parameters()) for b in biggest)
+    return max(map(size, max(lists, key=size))) if lists else size(model)
 
 
 def _checkpointed(model: torch.nn.Module, keep, target: str, calls: list) -> dict:
-    """model.gradient_checkpointing: each checkpointed layer keeps only its inputs (`keep` counts them as saved)
-    and backward recomputes its forward. torch's checkpoint replays autocast but not torch-function modes, so for
-    a CUDA target `CudaPolicy` is its `context_fn`. Returns each changed module's own checkpoint function, to put
-    back; `calls` gets one entry per checkpointed forward."""
+    """model.gradient_checkpointing: `keep` counts each checkpointed layer's inputs as saved, `calls` gets one entry
+    per checkpointed forward, and for a CUDA target `CudaPolicy` is the `context_fn` (torch's checkpoint replays autocast, not
+    torch-function modes). Returns each changed module's own checkpoint function, to put back."""
     changed = {}
     for mod in model.modules():
         func = getattr(mod, "_gradient_checkpointing_func", None)
