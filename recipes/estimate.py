@@ -14,8 +14,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-import ampft.config  # noqa: F401  (registers finetune_schema)
-import ampft.estimate.config  # noqa: F401  (registers estimate_schema)
+import ampft.estimate.config  # noqa: F401  (registers estimate_schema and, through ampft.config, finetune_schema)
 from ampft.errors import compose_errors, exit_on_error
 
 

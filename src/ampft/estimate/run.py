@@ -8,19 +8,13 @@ import time
 from pathlib import Path
 
 import torch
+from hydra import compose as hydra_compose
+from hydra import initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
 
+from ampft import devices
 from ampft.config import CONF_DIR, Backend, Precision
-from ampft.devices import (
-    HF_ANCHOR,
-    MEMORY_CLAIM,
-    NVIDIA_ANCHOR,
-    SLACK,
-    TENSOR_CORE_SPEEDUP,
-    TIME_CLAIM,
-    Device,
-    for_cuda_name,
-)
+from ampft.devices import HF_ANCHOR, MEMORY_CLAIM, NVIDIA_ANCHOR, SLACK, TENSOR_CORE_SPEEDUP, TIME_CLAIM
 from ampft.estimate import gpus, memory
 from ampft.estimate import time as timing
 from ampft.estimate.config import check
@@ -41,9 +35,6 @@ TRACE_FIELDS = ("params", "weights", "gradients", "optimizer_state", "saved_acti
 
 def compose(overrides: list[str], conf_dir: Path = CONF_DIR) -> DictConfig:
     """conf/estimate.yaml with overrides, outside a running Hydra app (tests, calibration)."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-
     with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
         return hydra_compose(config_name="estimate", overrides=list(overrides))
 
@@ -104,7 +95,7 @@ def _at_anchor(cfg: DictConfig, anchor: dict) -> bool:
             and int(cfg.trainer.batch_size) == anchor["batch_size"])
 
 
-def verdicts(rows: dict, dev: Device, cfg: DictConfig) -> list[dict]:
+def verdicts(rows: dict, dev: devices.Device, cfg: DictConfig) -> list[dict]:
     """Each seed claim, judged on the predictions for this device and recipe (holds: None for not applicable)."""
     out, base = [], rows.get("fp32")
 
@@ -212,7 +203,7 @@ def estimate(cfg: DictConfig, command: str = "") -> dict:
 def predict_arms(cfgs: dict[str, DictConfig], env: dict) -> dict[str, dict]:
     """For `make benchmark` reports: each speed arm's predicted step time (and peak allocated on a GPU) on the device
     the benchmark ran on, next to what it measured. An arm that cannot be predicted is left out, with a warning."""
-    dev = for_cuda_name(env.get("device_name", "")) if env.get("device_type") == "cuda" else gpus.measure_cpu()
+    dev = devices.for_cuda_name(env.get("device_name", "")) if env.get("device_type") == "cuda" else gpus.measure_cpu()
     if dev is None:
         log.warning("no prediction next to the measurements: %s is not in ampft.devices", env.get("device_name"))
         return {}

@@ -203,9 +203,8 @@ def fake_mode() -> FakeTensorMode:
 def fake_batch(family: Family, batch_size: int, seq_len: int, vocab: int) -> dict:
     """A batch of model inputs and the family's training targets (made inside the fake mode: shapes only)."""
     shape = (batch_size, seq_len)
-    batch = dict(input_ids=torch.randint(0, vocab, shape), attention_mask=torch.ones(shape, dtype=torch.long),
-                 token_type_ids=torch.zeros(shape, dtype=torch.long))
-    return batch | family.fake_targets(batch_size, seq_len)
+    return dict(input_ids=torch.randint(0, vocab, shape), attention_mask=torch.ones(shape, dtype=torch.long),
+                token_type_ids=torch.zeros(shape, dtype=torch.long)) | family.fake_targets(batch_size, seq_len)
 
 
 def largest_block(model: torch.nn.Module) -> int:
