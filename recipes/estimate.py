@@ -1,12 +1,6 @@
-"""Predict memory and step time of a fine-tuning recipe per precision on a named GPU, without running it.
-
-    python recipes/estimate.py model=bert-large precision=bf16 trainer.batch_size=32 task.max_length=384 \
-        estimate.gpu=a100-80gb
-    python recipes/estimate.py distributed=fsdp distributed.num_processes=8 estimate.gpu=h100-sxm
-
-Any finetune group or key composes as for recipes/finetune.py; the estimate.* keys: src/ampft/estimate/config.py.
-Writes estimate.json and estimate.md into the run directory (runs/estimate/<model>-<gpu>/<time>/).
-"""
+"""Predict memory and step time of a fine-tuning recipe per precision on a named GPU, without running it
+(`make estimate`; usage: conf/estimate.yaml). Writes estimate.json and estimate.md into the run directory
+(runs/estimate/<model>-<gpu>/<time>/)."""
 
 from pathlib import Path
 

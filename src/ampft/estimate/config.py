@@ -22,9 +22,8 @@ class EstimateConfig:
     precisions: list[Precision] | None = None
     # Ranks for the DDP / ZeRO / FSDP2 columns; null: distributed.num_processes x num_machines, or 8 when that is 1.
     ranks: int | None = None
-    # What a GPU holds beyond the step's allocated peak (stated assumptions, not traced): the CUDA context with its
-    # loaded kernels, cuBLAS/cuDNN workspaces, and the caching allocator's reserved-but-unallocated slack as a
-    # fraction of the peak. Set them from nvidia-smi / torch.cuda.memory_reserved on your machine.
+    # What a GPU holds beyond the step's allocated peak, assumed (docs/benchmarks/estimate.md): the CUDA context,
+    # cuBLAS/cuDNN workspaces, the allocator's slack (a fraction of the peak); set from nvidia-smi / memory_reserved.
     cuda_context_gib: float = 0.5
     workspace_mib: float = 32.0
     allocator_overhead: float = 0.05

@@ -9,6 +9,7 @@ The CUDA context, workspaces and allocator slack are stated assumptions (`estima
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 
 from ampft.estimate.trace import StepTrace
@@ -109,12 +110,7 @@ def breakdown(tr: StepTrace, strategy: str, sh: Sharding, fp16_scaler: bool, gra
 
 def largest_batch(b: Breakdown, usable_bytes: float, limit: int = 1 << 20) -> int:
     """The largest per-rank batch whose step fits in `usable_bytes` (allocated); 0 if not even one sample does."""
-    if b.optimizer_step > usable_bytes or b.forward_backward_at(1) > usable_bytes:
+    if b.optimizer_step > usable_bytes:
         return 0
-    lo, hi = 1, 2
-    while hi < limit and b.forward_backward_at(hi) <= usable_bytes:
-        lo, hi = hi, hi * 2
-    while hi - lo > 1:  # forward_backward_at grows with the batch: bisect
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if b.forward_backward_at(mid) <= usable_bytes else (lo, mid)
-    return lo
+    # forward_backward_at grows with the batch: the count of batches 1, 2, ... that fit is the largest
+    return bisect.bisect_right(range(1, limit), usable_bytes, key=b.forward_backward_at)

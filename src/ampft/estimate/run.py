@@ -97,25 +97,21 @@ def _at_anchor(cfg: DictConfig, anchor: dict) -> bool:
 
 def verdicts(rows: dict, dev: devices.Device, cfg: DictConfig) -> list[dict]:
     """Each seed claim, judged on the predictions for this device and recipe (holds: None for not applicable)."""
-    out, base = [], rows.get("fp32")
+    out, base = [], "fp32" in rows
 
     def add(claim, holds, predicted="", note=""):
         verdict = NOT_APPLICABLE if holds is None else HOLDS if holds else FAILS
         out.append(dict(claim=claim, verdict=verdict, predicted=predicted, note=note))
 
-    def seconds(r):
-        return r["time"]["seconds"]
-
-    def peak(r):
-        return r["memory"]["single"]["peak"]
-
-    mixed = [r for p, r in rows.items() if p in ("fp16", "bf16") and r["supported"]] if base else []
+    sec = {p: r["time"]["seconds"] for p, r in rows.items() if r["time"]}
+    peak = {p: r["memory"]["single"]["peak"] for p, r in rows.items()}
+    mixed = [p for p, r in rows.items() if p in ("fp16", "bf16") and r["supported"]] if base else []
     if not mixed:
         add("Mixed precision trains in about 60% of FP32's time, with about 57% of its memory", None, "",
             "needs fp32 and fp16/bf16 in estimate.precisions on a device that runs them")
     cpu_note = "the claim is about GPUs; on this CPU for the record" if dev.kind == "cpu" else ""
-    for r in mixed:
-        t, mem, p = seconds(r) / seconds(base), peak(r) / peak(base), r["precision"]
+    for p in mixed:
+        t, mem = sec[p] / sec["fp32"], peak[p] / peak["fp32"]
         add(f"Mixed precision ({p}) trains in about 60% of FP32's time", t <= TIME_CLAIM + SLACK,
             f"{t:.0%} of true fp32's time", cpu_note)
         add(f"Mixed precision ({p}) needs about 57% of FP32's memory", mem <= MEMORY_CLAIM + SLACK,
@@ -132,7 +128,7 @@ def verdicts(rows: dict, dev: devices.Device, cfg: DictConfig) -> list[dict]:
         elif not r["supported"] or (p == "tf32" and not dev.tflops.get("tf32")):
             add(claim, None, "", f"{dev.label} has no {p} Tensor Core path")
         else:
-            s = seconds(base) / seconds(r)
+            s = sec["fp32"] / sec[p]
             add(claim, s >= TENSOR_CORE_SPEEDUP[0], f"{s:.2f}x",
                 "more than the claimed 3x: true fp32 runs on CUDA cores" if s > TENSOR_CORE_SPEEDUP[1] else "")
     nv = NVIDIA_ANCHOR
@@ -141,9 +137,8 @@ def verdicts(rows: dict, dev: devices.Device, cfg: DictConfig) -> list[dict]:
         add("NVIDIA: BERT-large SQuAD, one A100-80GB, 32 x 384: TF32 61.5, FP16 110.5 sequences/s (1.79x)",
             b / a >= 0.8 * nv["fp16"] / nv["tf32"], f"TF32 {a:.1f}, FP16 {b:.1f} sequences/s ({b / a:.2f}x)",
             "the efficiency factor is calibrated on these two points, so this is a consistency check, not a test")
-    if dev.name.startswith("v100") and _at_anchor(cfg, HF_ANCHOR) and "fp16" in rows and base is not None:
-        f = rows["fp16"]
-        s, saving = seconds(base) / seconds(f), 1 - peak(f) / peak(base)
+    if dev.name.startswith("v100") and _at_anchor(cfg, HF_ANCHOR) and "fp16" in rows and base:
+        s, saving = sec["fp32"] / sec["fp16"], 1 - peak["fp16"] / peak["fp32"]
         add("Hugging Face: bert-large, seq 512, batch 4, one V100: fp16 2.1x fp32 throughput, 7% less memory",
             s >= 0.8 * HF_ANCHOR["speedup"], f"{s:.2f}x, {saving:.0%} less memory")
     return out

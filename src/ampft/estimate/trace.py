@@ -20,9 +20,9 @@ import torch
 import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.overrides import TorchFunctionMode
+from torch.utils import flop_counter as fc
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves, tree_map
-from torch.utils.flop_counter import FlopCounterMode, flop_registry, sdpa_backward_flop_count, sdpa_flop_count
 
 from ampft.tasks.base import Family
 
@@ -32,16 +32,13 @@ HALF = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 # The CUDA autocast fp32 list (torch.amp docs, "CUDA Ops that can autocast to float32") as Python functions, for
 # the ops that CPU autocast does not also put in its fp32 list (the losses are in both).
-CUDA_FP32_FUNCS = frozenset([
-    F.layer_norm, F.group_norm, F.softmax, F.log_softmax, F.softmin, F.softplus, F.normalize, F.cosine_similarity,
-    torch.softmax, torch.log_softmax, torch.Tensor.softmax, torch.Tensor.log_softmax,
-    torch.exp, torch.Tensor.exp, torch.expm1, torch.log, torch.Tensor.log, torch.log1p, torch.log2, torch.log10,
-    torch.pow, torch.Tensor.pow, torch.Tensor.__pow__, torch.Tensor.__rpow__, torch.rsqrt, torch.Tensor.rsqrt,
-    torch.reciprocal, torch.Tensor.reciprocal, torch.sum, torch.Tensor.sum, torch.cumsum, torch.Tensor.cumsum,
-    torch.cumprod, torch.prod, torch.Tensor.prod, torch.norm, torch.Tensor.norm, torch.erfinv, torch.acos,
-    torch.asin, torch.cosh, torch.sinh, torch.tan, torch.dist, torch.cdist, torch.renorm,
-    torch.Tensor.__rtruediv__,
-])
+CUDA_FP32_FUNCS = frozenset(getattr(space, name) for space, names in (
+    (F, "layer_norm group_norm softmax log_softmax softmin softplus normalize cosine_similarity"),
+    (torch, "softmax log_softmax exp expm1 log log1p log2 log10 pow rsqrt reciprocal sum cumsum cumprod prod norm "
+            "erfinv acos asin cosh sinh tan dist cdist renorm"),
+    (torch.Tensor, "softmax log_softmax exp log pow __pow__ __rpow__ rsqrt reciprocal sum cumsum prod norm "
+                   "__rtruediv__"),
+) for name in names.split())
 
 
 class CudaPolicy(TorchFunctionMode):
@@ -62,24 +59,18 @@ class CudaPolicy(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-def _shapes(f):
-    def wrapped(*args, out_val=None, **kwargs):
-        args, kwargs = tree_map(lambda x: x.shape if isinstance(x, torch.Tensor) else x, (args, kwargs))
-        return f(*args, **kwargs)
-    return wrapped
-
-
-# CPU's fused attention kernels are absent from torch's formula table; they compute what the CUDA ones do.
+# CPU's fused attention kernels are absent from torch's formula table; they compute what the CUDA ones do. On shapes,
+# as FlopCounterMode's custom_mapping takes them (`_EXTRA`: on tensors, as torch's table holds them).
 EXTRA_FLOPS = {
-    aten._scaled_dot_product_flash_attention_for_cpu: _shapes(lambda q, k, v, *a, **kw: sdpa_flop_count(q, k, v)),
+    aten._scaled_dot_product_flash_attention_for_cpu: lambda q, k, v, *_, **__: fc.sdpa_flop_count(q, k, v),
     aten._scaled_dot_product_flash_attention_for_cpu_backward:
-        _shapes(lambda g, q, k, v, *a, **kw: sdpa_backward_flop_count(g, q, k, v)),
+        lambda g, q, k, v, *_, **__: fc.sdpa_backward_flop_count(g, q, k, v),
 }
+_EXTRA = {op: fc.shape_wrapper(f) for op, f in EXTRA_FLOPS.items()}
 
 
 def op_flops(func, args, kwargs, out) -> int:
-    packet = func.overloadpacket
-    formula = flop_registry.get(packet) or EXTRA_FLOPS.get(packet)
+    formula = fc.flop_registry.get(func.overloadpacket) or _EXTRA.get(func.overloadpacket)
     return int(formula(*args, **kwargs, out_val=out)) if formula else 0
 
 
@@ -273,7 +264,7 @@ def trace_step(model: torch.nn.Module, batch: dict, precision: str, target: str 
                if p.requires_grad]
     null = contextlib.nullcontext()
     autocast = torch.autocast("cpu", dtype=HALF[precision]) if precision in HALF else null
-    counter = FlopCounterMode(display=False, custom_mapping=EXTRA_FLOPS) if flop_counter else None
+    counter = fc.FlopCounterMode(display=False, custom_mapping=EXTRA_FLOPS) if flop_counter else None
     state = 0
     try:
         with mode if mode is not None else null:
