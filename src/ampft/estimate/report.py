@@ -97,7 +97,8 @@ def markdown(r: dict) -> str:
             + ", ".join(f"{k} {v:g}" for k, v in dev["tflops"].items() if v) + f" ({dev['source']})",
             f"- efficiency: {r['efficiency']:.3f} of the roofline" if r["efficiency"] else "- efficiency: —",
             "- every batch padded to task.max_length (the worst case; with trainer.padding=longest most are shorter)"]
-    out += [*(f"- {n}" for n in r["notes"] + r["warnings"]), "", f"estimated in {r['seconds']} s with torch {r['torch']}"]
+    out += [*(f"- {n}" for n in r["notes"] + r["warnings"]), "",
+            f"estimated in {r['seconds']} s with torch {r['torch']}"]
     return "\n".join(out) + "\n"
 
 
@@ -105,11 +106,10 @@ def console(r: dict) -> str:
     """The short version for the terminal."""
     lines = [f"{r['model']} / {r['task']}, batch {r['batch_size']} x {r['seq_len']}, on {r['device']['label']} "
              f"({gib(r['usable_bytes'])} GiB usable){_checkpointing(r)} -- PREDICTED"]
-    widths = [12, 9, 9, 5, 9, 8, 8, 9, 5, 8]
-    header = ["precision", "peak GiB", "needs GiB", "fits", "max batch", "mem/fp32", "step ms", "samples/s", "MFU",
-              "time/fp32"]
-    lines += ["  ".join(str(c).replace("**", "").ljust(w) for c, w in zip(row, widths, strict=True))
-              for row in [header, *summary_rows(r)]]
+    columns = {"precision": 12, "peak GiB": 9, "needs GiB": 9, "fits": 5, "max batch": 9, "mem/fp32": 8, "step ms": 8,
+               "samples/s": 9, "MFU": 5, "time/fp32": 8}  # header: width
+    lines += ["  ".join(str(c).replace("**", "").ljust(w) for c, w in zip(row, columns.values(), strict=True))
+              for row in [list(columns), *summary_rows(r)]]
     c = _asked(r)["memory"]["single"]["components"]
     lines.append(f"{r['precision']}, one device: "
                  + ", ".join(f"{LABELS[k]} {gib(v)}" for k, v in c.items() if v >= 1 << 20))

@@ -209,8 +209,8 @@ def largest_block(model: torch.nn.Module) -> int:
 
 def _checkpointed(model: torch.nn.Module, keep, target: str, calls: list) -> dict:
     """model.gradient_checkpointing: `keep` counts each checkpointed layer's inputs as saved, `calls` gets one entry
-    per checkpointed forward, and for a CUDA target `CudaPolicy` is the `context_fn` (torch's checkpoint replays autocast, not
-    torch-function modes). Returns each changed module's own checkpoint function, to put back."""
+    per checkpointed forward, and for a CUDA target `CudaPolicy` is the `context_fn` (torch's checkpoint replays
+    autocast, not torch-function modes). Returns each changed module's own checkpoint function, to put back."""
     changed = {}
     for mod in model.modules():
         func = getattr(mod, "_gradient_checkpointing_func", None)
