@@ -31,8 +31,7 @@ def measure_cpu(tokens: int = 512, width: int = 384) -> Device:
         x, w = torch.randn(tokens, width, dtype=dtype), torch.randn(4 * width, width, dtype=dtype)
         tflops[name] = _rate(lambda x=x, w=w: torch.nn.functional.linear(x, w), 2 * tokens * width * 4 * width) / 1e12
     tflops["tf32"] = tflops["fp32"]  # no TF32 on a CPU: tf32 runs as fp32
-    x = torch.empty(64 * 2**20 // 4)
-    y = torch.empty_like(x)
+    x, y = torch.empty(64 * 2**20 // 4), torch.empty(64 * 2**20 // 4)  # 64 MiB of fp32 each
     bandwidth = _rate(lambda: y.copy_(x), 2 * x.nbytes) / 1e9
     pages = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 0
     return Device("cpu", f"{cpu_name()} ({torch.get_num_threads()} threads)", pages / 2**30, bandwidth, tflops,

@@ -1,10 +1,8 @@
 """Memory per rank of one training step, by component, for each way of spreading the model over ranks.
 
-docs/benchmarks/estimate.md ("Memory: counted from a trace") states the model: the step's peak is the larger of the
-forward/backward and the optimizer-step moments of a traced step; activations and weight casts (autocast casts the
-gathered weights) are per rank and never divided; what each strategy divides by N and adds is its "Sharding" table.
-With gradient checkpointing the peak holds the layers' inputs plus one recomputed layer's activations and casts.
-The CUDA context, workspaces and allocator slack are stated assumptions (`estimate.*` keys), not traced.
+docs/benchmarks/estimate.md ("Memory: counted from a trace", its "Sharding" table) states what each strategy
+divides by N and adds; activations and weight casts (autocast casts the gathered weights) are never divided. With
+gradient checkpointing the peak holds the layers' inputs plus one recomputed layer's activations and casts.
 """
 
 from __future__ import annotations
@@ -73,8 +71,7 @@ def breakdown(tr: StepTrace, strategy: str, sh: Sharding, fp16_scaler: bool, gra
     """Per-rank bytes of each component at the peak of one step under `strategy` with `sh.ranks` ranks. With
     gradient accumulation the gradients of earlier micro-batches are there through each later forward/backward."""
     n = 1 if strategy == "single" else max(1, sh.ranks)
-    p = tr.trainable_params
-    fb = tr.forward_backward.at_peak
+    p, fb = tr.trainable_params, tr.forward_backward.at_peak
     weights, grads, state = float(tr.weights), float(tr.gradients), float(tr.optimizer_state)
     casts = float(tr.saved_weight_casts)
     if tr.checkpointed_layers:  # the casts of the layer being recomputed at the peak, not only those kept for backward

@@ -47,14 +47,10 @@ def summary_rows(r: dict, strategy: str = "single") -> list[list[str]]:
     return rows
 
 
-def _checkpointing(r: dict) -> str:
-    return ", gradient checkpointing" if r.get("gradient_checkpointing") else ""
-
-
 def markdown(r: dict) -> str:
     dev, asked = r["device"], _asked(r)
     out = [f"# Estimate: {r['model']} on {r['task']}, batch {r['batch_size']} x {r['seq_len']} tokens, {dev['label']}"
-           + _checkpointing(r),
+           + (", gradient checkpointing" if r.get("gradient_checkpointing") else ""),
            "", "**Predictions**, not measurements: memory counted from a trace of one training step on fake tensors, "
            "time from a roofline with an efficiency factor calibrated on NVIDIA's published BERT-large A100 figures "
            "(docs/benchmarks/estimate.md states how far both have been off).", ""]
@@ -104,8 +100,9 @@ def markdown(r: dict) -> str:
 
 def console(r: dict) -> str:
     """The short version for the terminal."""
+    ckpt = ", gradient checkpointing" if r.get("gradient_checkpointing") else ""
     lines = [f"{r['model']} / {r['task']}, batch {r['batch_size']} x {r['seq_len']}, on {r['device']['label']} "
-             f"({gib(r['usable_bytes'])} GiB usable){_checkpointing(r)} -- PREDICTED"]
+             f"({gib(r['usable_bytes'])} GiB usable){ckpt} -- PREDICTED"]
     columns = {"precision": 12, "peak GiB": 9, "needs GiB": 9, "fits": 5, "max batch": 9, "mem/fp32": 8, "step ms": 8,
                "samples/s": 9, "MFU": 5, "time/fp32": 8}  # header: width
     lines += ["  ".join(str(c).replace("**", "").ljust(w) for c, w in zip(row, columns.values(), strict=True))

@@ -64,8 +64,7 @@ def trace_all(cfg: DictConfig, precisions: list[str], target: str, slope: bool =
     family = family_for(cfg.task.family)
     bs, seq = int(cfg.trainer.batch_size), int(cfg.task.max_length)
     small_bs = max(1, bs // 4) if bs > 1 else 2
-    mode = fake_mode()
-    with mode:
+    with (mode := fake_mode()):
         model = build_model(m, tokenizer, labels, family, Precision.fp32, torch.device("cpu"))
         batch, small = (fake_batch(family, b, seq, model.config.vocab_size) for b in (bs, small_bs))
     if model.config._attn_implementation != "sdpa":
@@ -163,8 +162,7 @@ def estimate(cfg: DictConfig, command: str = "") -> dict:
     over = memory.Overheads(float(e.cuda_context_gib), float(e.workspace_mib), float(e.allocator_overhead))
     usable = over.usable(dev.memory_gib * memory.GIB, dev.kind)
     rows = {}
-    for p in precisions:
-        tr = full[p]
+    for p, tr in full.items():
         sh = memory.Sharding(ranks, int(d.reduce_bucket_size), int(d.stage3_prefetch_bucket_size),
                              bool(d.fsdp_reshard_after_forward), deepspeed_half(cfg, p))
         mem = {}

@@ -1,10 +1,6 @@
-"""Step time from a traced step: a roofline per op, one efficiency factor calibrated on NVIDIA's published figures.
-
-docs/benchmarks/estimate.md ("Time: a roofline with one calibrated factor") states the model: each op takes
-max(FLOPs / peak for its dtype, bytes / bandwidth); `EFFICIENCY`, the geometric mean of roofline time / published
-time over NVIDIA's BERT-large SQuAD A100-80GB points (32 x 384: TF32 61.5, FP16 110.5 sequences/s), traced by
-`calibrate()`, is applied unchanged to every device, precision, model and shape; `CALIBRATION` says how far the
-model reproduces the ratio of the two points.
+"""Step time from a traced step: a roofline per op, one efficiency factor calibrated on NVIDIA's published figures
+(docs/benchmarks/estimate.md, "Time: a roofline with one calibrated factor"), applied unchanged to every device,
+precision, model and shape: the reason these are predictions.
 """
 
 from __future__ import annotations

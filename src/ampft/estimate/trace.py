@@ -1,11 +1,8 @@
 """One training step of the composed recipe's real model, traced on fake tensors: what it keeps, what it computes.
 
-The step is the engine's (autocast forward, backward, clipping, `ampft.finetune.build_optimizer`'s optimizer,
-zero_grad), on a model built inside a `FakeTensorMode` (shapes and dtypes, no data: BERT-large at 32 x 384 traces
-on a laptop CPU in seconds); docs/architecture.md says what is counted. CPU and CUDA autocast cast different op
-lists (CUDA's also runs LayerNorm, softmax and others in fp32, so each linear after a LayerNorm saves its own 16-bit
-cast): with `target="cuda"` the trace runs CPU autocast plus `CudaPolicy`, so the dtypes saved are CUDA's. (A fake
-CUDA device does not trace on a CPU-only torch build.)
+The engine's step, on a model built inside a `FakeTensorMode` (docs/architecture.md, docs/benchmarks/estimate.md:
+what is counted, and how `CudaPolicy` has CPU autocast save CUDA's dtypes, since a fake CUDA device does not trace
+on a CPU-only torch build).
 """
 
 from __future__ import annotations
