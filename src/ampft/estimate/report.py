@@ -115,8 +115,7 @@ def console(r: dict) -> str:
 
 
 def write(r: dict, out_dir: Path) -> Path:
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir := Path(out_dir)).mkdir(parents=True, exist_ok=True)
     (out_dir / "estimate.json").write_text(json.dumps(r, indent=1, default=str))
     (out_dir / "estimate.md").write_text(markdown(r))
     return out_dir / "estimate.md"

@@ -244,6 +244,7 @@ def trace_step(model: torch.nn.Module, batch: dict, precision: str, target: str 
     for p in params:  # the step starts as the engine's do, after zero_grad(set_to_none=True)
         p.grad = None
     resident = {id(t.untyped_storage()) for t in [*params, *model.buffers()]}
+    weights = _nbytes([*params, *model.buffers()])
     live = _Live(resident, *map(int, batch["input_ids"].shape[:2]))
     seen, saved = set(resident), Counter()  # bytes saved for backward by dtype, and the weight casts
 
@@ -295,7 +296,7 @@ def trace_step(model: torch.nn.Module, batch: dict, precision: str, target: str 
         precision=precision, target=target, batch_size=int(batch["input_ids"].shape[0]),
         seq_len=int(batch["input_ids"].shape[1]), params=sum(p.numel() for p in params),
         trainable_params=sum(p.numel() for p in params if p.requires_grad),
-        weights=_nbytes([*params, *model.buffers()]), gradients=grads, optimizer_state=state,
+        weights=weights, gradients=grads, optimizer_state=state,
         saved_activations=sum(by_dtype.values()), saved_weight_casts=casts, saved_by_dtype=dict(by_dtype),
         forward_backward=fwd_bwd, optimizer_step=step_phase, largest_block_params=largest_block(model),
         flop_counter_total=int(counter.get_total_flops()) if counter is not None else None,
