@@ -295,10 +295,10 @@ def trace_step(model: torch.nn.Module, batch: dict, precision: str, target: str 
     return StepTrace(
         precision=precision, target=target, batch_size=int(batch["input_ids"].shape[0]),
         seq_len=int(batch["input_ids"].shape[1]), params=sum(p.numel() for p in params),
-        trainable_params=sum(p.numel() for p in params if p.requires_grad),
-        weights=weights, gradients=grads, optimizer_state=state,
-        saved_activations=sum(by_dtype.values()), saved_weight_casts=casts, saved_by_dtype=dict(by_dtype),
-        forward_backward=fwd_bwd, optimizer_step=step_phase, largest_block_params=largest_block(model),
+        trainable_params=sum(p.numel() for p in params if p.requires_grad), weights=weights, gradients=grads,
+        optimizer_state=state, saved_activations=sum(by_dtype.values()), saved_weight_casts=casts,
+        saved_by_dtype=dict(by_dtype), forward_backward=fwd_bwd, optimizer_step=step_phase,
+        largest_block_params=largest_block(model),
         flop_counter_total=int(counter.get_total_flops()) if counter is not None else None,
         seconds=time.perf_counter() - started, checkpointed_layers=len(recomputed),
     )
