@@ -11,6 +11,7 @@ from pathlib import Path
 from ampft.benchmark import plots
 from ampft.benchmark.budget import fmt_seconds
 from ampft.benchmark.config import Runner
+from ampft.benchmark.plots import PLOTS
 from ampft.benchmark.profile import SKIP, WARMUP
 from ampft.benchmark.results import NOT_CHECKED, NOT_REPRODUCED, REPRODUCED
 from ampft.benchmark.stats import ratio
@@ -21,17 +22,8 @@ log = logging.getLogger(__name__)
 
 BUSY = 0.1  # other processes' share of the machine's CPU above which timings are flagged
 CSV_FIELDS = ["mode", "arm", "precision", "seed", "batch_size", "seq_len", "index", "quantity", "value"]
-PLOTS = {
-    "throughput.png": "Throughput per arm (median tokens/s; bars: interquartile range of the timed steps)",
-    "memory.png": "Peak memory per arm",
-    "memory_vs_batch.png": "Peak memory versus batch size",
-    "loss_curves.png": "Training loss per arm and seed (accuracy mode)",
-    "loss_scale.png": "fp16 dynamic loss scale (accuracy mode)",
-}
 ACC_RUN_FIELDS = ("train_loss", "train_loss_last", "steps", "skipped_steps", "loss_scale_final", "train_seconds",
                   "wall_seconds", "train_samples_per_second", "train_tokens_per_second")
-CLAIM_GROUPS = ((NOT_REPRODUCED, "Did not reproduce here", True), (NOT_CHECKED, "Could not be checked here", True),
-                (REPRODUCED, "Reproduced here", False))  # (verdict, heading, with the note)
 
 
 def _clean(value):
@@ -50,48 +42,39 @@ def write_json(results: dict, path: Path) -> None:
 def csv_rows(results: dict) -> list[dict]:
     rows: list[dict] = []
 
-    def add(common, index, quantity, value):
-        rows.append(dict(zip(CSV_FIELDS, (*common, index, quantity, value), strict=True)))
+    def add(common: tuple, items) -> None:  # items: (index, quantity, value)
+        rows.extend(dict(zip(CSV_FIELDS, (*common, *item), strict=True)) for item in items)
 
     seed = results["benchmark"]["seed"]
     for r in (results.get("speed") or {}).get("raw", []):
-        common = ("speed", r["arm"], r["precision"], seed, r["batch_size"], r["seq_len"])
-        for quantity, key in (("warmup_step_seconds",) * 2, ("step_seconds",) * 2, ("loss", "losses")):
-            for i, v in enumerate(r[key]):
-                add(common, i, quantity, v)
-        for k, v in {**r["memory_after_build"], **r["memory_peak"]}.items():
-            add(common, None, k if k.startswith("peak") else f"after_build_{k}", v)
-        for k in ("skipped_steps", "flops_per_token", "params", "params_nonembedding"):
-            add(common, None, k, r[k])
+        add(("speed", r["arm"], r["precision"], seed, r["batch_size"], r["seq_len"]), [
+            *((i, q, v) for q, key in (("warmup_step_seconds",) * 2, ("step_seconds",) * 2, ("loss", "losses"))
+              for i, v in enumerate(r[key])),
+            *((None, k if k.startswith("peak") else f"after_build_{k}", v)
+              for k, v in {**r["memory_after_build"], **r["memory_peak"]}.items()),
+            *((None, k, r[k]) for k in ("skipped_steps", "flops_per_token", "params", "params_nonembedding"))])
         for p in r["sweep"]:
-            c = ("sweep", r["arm"], r["precision"], seed, p["batch_size"], r["seq_len"])
-            add(c, None, "fits", int(p["fits"]))
-            for k, v in p.items():
-                if k not in ("batch_size", "fits"):
-                    add(c, None, k, v)
+            add(("sweep", r["arm"], r["precision"], seed, p["batch_size"], r["seq_len"]), [
+                (None, "fits", int(p["fits"])),
+                *((None, k, v) for k, v in p.items() if k not in ("batch_size", "fits"))])
     for r in (results.get("accuracy") or {}).get("runs", []):
-        common = ("accuracy", r["arm"], r["precision"], r["seed"], None, None)
-        for k, v in [*((f"eval_{k}", v) for k, v in (r.get("eval") or {}).items()),
-                     *((k, r[k]) for k in ACC_RUN_FIELDS if r.get(k) is not None), ("diverged", int(r["diverged"]))]:
-            add(common, None, k, v)
-        for step, loss, *_ in r["loss_curve"]:  # [step, loss, lr]
-            add(common, step, "train_loss_window", loss)
-        for step, scale in r["loss_scale_trace"]:
-            add(common, step, "loss_scale", scale)
+        add(("accuracy", r["arm"], r["precision"], r["seed"], None, None), [
+            *((None, f"eval_{k}", v) for k, v in (r.get("eval") or {}).items()),
+            *((None, k, r[k]) for k in ACC_RUN_FIELDS if r.get(k) is not None), (None, "diverged", int(r["diverged"])),
+            *((step, "train_loss_window", loss) for step, loss, *_ in r["loss_curve"]),  # [step, loss, lr]
+            *((step, "loss_scale", scale) for step, scale in r["loss_scale_trace"])])
     return rows
 
 
 def write_csv(results: dict, path: Path) -> None:
     with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=CSV_FIELDS)
-        w.writeheader()
+        (w := csv.DictWriter(f, fieldnames=CSV_FIELDS)).writeheader()
         w.writerows(csv_rows(results))
 
 
 # --- report.md ------------------------------------------------------------------------------------
 
 def _f(x, fmt=".1f") -> str:
-    """x formatted, "—" for None; fmt ".0%" for a percentage."""
     return "—" if x is None else format(x, fmt)
 
 
@@ -110,46 +93,37 @@ def table(header: list[str], rows: list[list[str]], align: str = "") -> list[str
 
 
 def _acc_text(a: dict | None) -> str:
-    if a is None or a["metric"] is None:
+    if a is None or (m := a["metric"]) is None:
         return "—" if a is None else f"diverged ({a['diverged']}/{a['runs']})"
-    m = a["metric"]
     return f"{m['mean']:.4f}" + ("" if m["std"] is None else f" ± {m['std']:.4f}") + f" (n={m['n']})"
 
 
 def _diff_text(a: dict | None) -> str:
-    d = (a or {}).get("diff")
-    if d is None:
+    if (d := (a or {}).get("diff")) is None:
         return "—"
-    if d["ci_low"] is None:
-        return f"{d['mean']:+.4f} (no CI, n={d['n']})"
-    return f"{d['mean']:+.4f} [{d['ci_low']:+.4f}, {d['ci_high']:+.4f}]"
+    return f"{d['mean']:+.4f} " + (f"(no CI, n={d['n']})" if d["ci_low"] is None
+                                   else f"[{d['ci_low']:+.4f}, {d['ci_high']:+.4f}]")
 
 
 def _budget_line(bud: dict) -> str:
     """One sentence at the top: the budget, the time taken, and what was cut."""
-    took = fmt_seconds(bud.get("seconds_used"))
-    if bud.get("minutes") is None:
-        head = f"**Time budget:** none (`benchmark.budget_minutes: null`); took {took}."
-    else:
-        head = (f"**Time budget:** {fmt_seconds(60 * bud['minutes'])}; took {took}, "
-                f"{'within it' if bud['within'] else '**over it**'}.")
-    if not (cuts := bud.get("cuts")):
-        return head + " Nothing was cut."
-    return head + " Cut to keep it: " + "; ".join(f"`{c['arm']}` {c['mode']} {c['action']} ({c['detail']})"
-                                                  for c in cuts) + " ([why](#time-budget))."
+    took, cuts = fmt_seconds(bud.get("seconds_used")), bud.get("cuts")
+    head = (f"**Time budget:** none (`benchmark.budget_minutes: null`); took {took}." if bud.get("minutes") is None
+            else f"**Time budget:** {fmt_seconds(60 * bud['minutes'])}; took {took}, "
+                 f"{'within it' if bud['within'] else '**over it**'}.")
+    cut = "; ".join(f"`{c['arm']}` {c['mode']} {c['action']} ({c['detail']})" for c in cuts or [])
+    return head + (f" Cut to keep it: {cut} ([why](#time-budget))." if cuts else " Nothing was cut.")
 
 
 def _budget_section(bud: dict, base: str) -> list[str]:
-    out = ["## Time budget", ""]
-    if bud.get("minutes") is None:
-        out += ["No budget (`benchmark.budget_minutes: null`): every arm ran in full.", ""]
-    else:
-        out += [f"`benchmark.budget_minutes: {bud['minutes']:g}`; the benchmark took {fmt_seconds(bud['seconds_used'])}."
-                " Each speed arm is measured before anything is cut: two pilot steps at a quarter of the batch (the "
-                "second timed), then its warm-up and two timed steps; speed mode may use "
-                f"{100 * bud['speed_share']:.0f}% of the budget when accuracy mode follows. Arms that would blow the "
-                "budget lose their memory sweep, then timed steps, then accuracy runs (slowest arm first, then "
-                "seeds); the policy: `docs/benchmarks/README.md#the-time-budget` (`ampft.benchmark.budget`).", ""]
+    out = ["## Time budget", "", "No budget (`benchmark.budget_minutes: null`): every arm ran in full."
+           if bud.get("minutes") is None else
+           f"`benchmark.budget_minutes: {bud['minutes']:g}`; the benchmark took {fmt_seconds(bud['seconds_used'])}. "
+           "Each speed arm is measured before anything is cut: two pilot steps at a quarter of the batch (the second "
+           "timed), then its warm-up and two timed steps; speed mode may use "
+           f"{100 * bud['speed_share']:.0f}% of the budget when accuracy mode follows. Arms that would blow the "
+           "budget lose their memory sweep, then timed steps, then accuracy runs (slowest arm first, then seeds); "
+           "the policy: `docs/benchmarks/README.md#the-time-budget` (`ampft.benchmark.budget`).", ""]
     if ratios := bud.get("step_time_vs_baseline"):
         out += [f"Step time relative to `{base}` (timed steps; where an arm went no further than its pilot, the "
                 "pilot steps', a rougher figure: at a quarter of the batch, per-step overheads weigh more): "
@@ -165,22 +139,19 @@ def _budget_section(bud: dict, base: str) -> list[str]:
 
 def device_text(env: dict) -> str:
     """The device measured on, in a few words: the GPU's name, memory and compute capability, or the CPU's."""
-    if env["device_type"] == "cuda":
-        return (f"{env['device_name']} ({env['device_memory_bytes'] / 2**30:.0f} GiB, compute capability "
-                f"{env['compute_capability']})")
-    return f"{env['device_name']}, {env['cpu_count']} cores, CPU only (no GPU)"
+    return (f"{env['device_name']} ({env['device_memory_bytes'] / 2**30:.0f} GiB, compute capability "
+            f"{env['compute_capability']})" if env["device_type"] == "cuda" else
+            f"{env['device_name']}, {env['cpu_count']} cores, CPU only (no GPU)")
 
 
 def hardware(env: dict) -> list[str]:
-    """The "Hardware and software" section (`environment.describe`): the GPU if any, and always the CPU's
-    model and the flags that decide half-precision speed on it (AVX512-BF16/FP16, AMX)."""
+    """The "Hardware and software" section: the GPU if any, always the CPU and its half-precision flags."""
     cpu = [["CPU features", ", ".join(env["cpu_features"]) or "—"], ["torch threads", str(env["torch_threads"])]]
     gpu = ([["driver", env["driver"] or "unknown"], ["CUDA / cuDNN", f"{env['cuda']} / {env['cudnn']}"],
             ["host CPU", f"{env['cpu']} ({env['cpu_count']} cores)"], *cpu] if env["device_type"] == "cuda"
            else [*cpu, ["driver", "n/a (no GPU)"]])
-    load = env.get("load_average")
     rows = [["date", env["date"]], ["device", device_text(env)], *gpu,
-            ["load average at start", "—" if load is None else f"{load} (1 min)"],
+            ["load average at start", "—" if (load := env.get("load_average")) is None else f"{load} (1 min)"],
             *([k, env[k]] for k in ("torch", "transformers", "accelerate", "python")), ["OS", env["os"]]]
     return ["## Hardware and software", "", *table(["", ""], rows)]
 
@@ -205,41 +176,39 @@ def render(results: dict, plots: list[str] | None = None) -> str:
         out += [f"**Partial**: seeds {results['partial_seeds']} of the {b['accuracy']['seeds']} asked for were "
                 "measured when this report was written (it is rewritten after every seed; the benchmark stopped or "
                 "was still running).", ""]
-    busy = [f"`{a['arm']}`" + (f" seed {a['seed']}" if "seed" in a else "") + f" ({a['other_cpu_share']:.0%} of the "
-            "machine)" for a in [*speed_raw, *(results.get("accuracy") or {}).get("runs", [])]
-            if (a.get("other_cpu_share") or 0) > BUSY]
-    if busy:
+    if busy := [f"`{a['arm']}`" + (f" seed {a['seed']}" if "seed" in a else "") + f" ({a['other_cpu_share']:.0%}"
+                " of the machine)" for a in [*speed_raw, *(results.get("accuracy") or {}).get("runs", [])]
+                if (a.get("other_cpu_share") or 0) > BUSY]:
         out += ["**Warning:** other processes used the CPU while these were measured, so their timings are "
                 "unreliable: " + ", ".join(busy) + ".", ""]
     if bud.get("minutes") is not None or bud.get("cuts"):
         out += [_budget_line(bud), ""]
     out += hardware(env) + _setup(results, trainers) + (_budget_section(bud, base) if bud else [])
     out += _results(results, speed, acc_arms, trainers, metric)
-    if speed:
-        out += _speed(results, speed, speed_raw)
+    out += _speed(results, speed, speed_raw) if speed else []
     if acc_arms:
-        out += ["## Accuracy", ""]
-        out += table(["arm", "precision", "runs", f"{metric} mean ± std", "min–max", f"Δ vs {base} [95% CI]",
-                      "train s (mean)", f"time % of {base}", "skipped steps per seed", "final loss scale",
-                      "other processes' CPU (max)"], [
+        out += ["## Accuracy", "", *table([
+            "arm", "precision", "runs", f"{metric} mean ± std", "min–max", f"Δ vs {base} [95% CI]", "train s (mean)",
+            f"time % of {base}", "skipped steps per seed", "final loss scale", "other processes' CPU (max)"], [
             [f"`{a['arm']}`", a["precision"] or "—", f"{a['runs']} ({a['diverged']} diverged)", _acc_text(a),
              f"{a['metric']['min']:.4f}–{a['metric']['max']:.4f}" if a["metric"] else "—", _diff_text(a),
              _f(a["train_seconds"] and a["train_seconds"]["mean"]), _f(a["time_vs_baseline"], ".0%"),
              _join(a["skipped_steps"]), _join(a["loss_scale_final"], "g"), _f(a.get("other_cpu_share"), ".0%")]
-            for a in acc_arms])
-        out += ["Δ: mean of the per-seed differences to the baseline with a t-based 95% confidence interval "
-                "(paired by seed).", ""]
-        out += _comparison(results, acc_arms, trainers, metric)
+            for a in acc_arms]),
+            "Δ: mean of the per-seed differences to the baseline with a t-based 95% confidence interval "
+            "(paired by seed).", ""]
+        out += _comparison(results, {a["arm"]: a for a in acc_arms}, trainers, metric)
     if claims := results.get("claims", []):
         out += ["## Claims", "", *table(["claim", "verdict", "measured", "note"], [
             [c["claim"], f"**{c['verdict']}**", c["measured"] or "—", c["note"] or ""] for c in claims])]
-    for verdict, heading, why in CLAIM_GROUPS:
+    for verdict, heading, why in ((NOT_REPRODUCED, "Did not reproduce here", True),  # why: with the note
+                                  (NOT_CHECKED, "Could not be checked here", True),
+                                  (REPRODUCED, "Reproduced here", False)):
         if group := [c for c in claims if c["verdict"] == verdict]:
-            out += [f"**{heading}:**", "", *(f"- {c['claim']}" + (f" — measured {c['measured']}" if c["measured"]
-                                                                  else "")
+            out += [f"**{heading}:**", "", *(f"- {c['claim']}" + (f" — measured {c['measured']}" if c["measured"] else "")
                                              + (f" ({c['note']})" if why and c["note"] else "") + "." for c in group), ""]
     if plots:
-        out += ["## Plots", "", *(line for p in plots for line in (f"![{PLOTS.get(p, p)}]({p})", ""))]
+        out += ["## Plots", "", *(x for p in plots for x in (f"![{PLOTS[p][2] if p in PLOTS else p}]({p})", ""))]
     out += ["Raw measurements: `results.csv` (one per row) and `results.json` (with the statistics above)."]
     return "\n".join(out) + "\n"
 
@@ -259,7 +228,8 @@ def _setup(results: dict, trainers: list[str]) -> list[str]:
                    f"tokens (random ids, seed {b['seed']}, the same for every arm)"
                    f"{', device synchronised around each step' if cuda else ''}; overrides {s['overrides']}")
         if sw["batch_sizes"]:
-            more = f", then doubling until out of memory (at most {sw['max_batch_size']})" if cuda and sw["until_oom"] else ""
+            more = (f", then doubling until out of memory (at most {sw['max_batch_size']})"
+                    if cuda and sw["until_oom"] else "")
             out.append(f"- memory sweep: batch sizes {sw['batch_sizes']}{more}, {sw['steps']} step(s) each, on "
                        f"{'every speed arm' if sw['arms'] is None else ', '.join(sw['arms'])}, with the arm's own "
                        "model and optimizer after its timed steps")
@@ -274,7 +244,8 @@ def _setup(results: dict, trainers: list[str]) -> list[str]:
 
 def _results(results: dict, speed: list[dict], acc_arms: list[dict], trainers: list[str], metric: str) -> list[str]:
     """The summary table, one row per arm: its speed-mode figures, else its accuracy runs'."""
-    b, base, cuda = results["benchmark"], results["benchmark"]["baseline"], results["environment"]["device_type"] == "cuda"
+    b, cuda = results["benchmark"], results["environment"]["device_type"] == "cuda"
+    base = b["baseline"]
     sp, acc, rows = {a["arm"]: a for a in speed}, {a["arm"]: a for a in acc_arms}, []
     for name in (a["name"] for a in b["arms"]):
         a, c = sp.get(name), acc.get(name)
@@ -283,7 +254,8 @@ def _results(results: dict, speed: list[dict], acc_arms: list[dict], trainers: l
                 rows.append([f"`{name}`", "—", "skipped by the time budget (see above)", *["—"] * 5])
             continue
         time_pct = a and a["time_vs_baseline"]
-        rows.append([f"`{name}`", *([c["runner"] if c else "ampft"] if trainers else []), (a or c)["precision"] or "—",
+        rows.append([f"`{name}`", *([c["runner"] if c else "ampft"] if trainers else []),
+                     (a or c)["precision"] or "—",
                      _f(c["time_vs_baseline"] if time_pct is None and c else time_pct, ".0%"),
                      _f(a["memory_vs_baseline"], ".0%") if a else "—",
                      _f(a["samples_per_second"]["median"] if a else c["samples_per_second"]),
@@ -302,30 +274,30 @@ def _speed(results: dict, speed: list[dict], speed_raw: list[dict]) -> list[str]
     """Speed mode's step times, throughput, MFU and memory per arm, the estimate's predictions, the sweep."""
     b, cuda = results["benchmark"], results["environment"]["device_type"] == "cuda"
     base, first, ms = b["baseline"], speed[0], lambda t: 1000 * t
-    out = ["## Speed and memory", ""]
-    out += table(["arm", "precision", "attention", "batch×seq", "step ms median [IQR]", "min–max ms", "samples/s",
-                  "tokens/s", "TFLOP/s", "MFU", "peak allocated" if cuda else "peak RSS", "peak reserved",
-                  "skipped steps", "other processes' CPU"], [
+    out = ["## Speed and memory", "", *table([
+        "arm", "precision", "attention", "batch×seq", "step ms median [IQR]", "min–max ms", "samples/s", "tokens/s",
+        "TFLOP/s", "MFU", "peak allocated" if cuda else "peak RSS", "peak reserved", "skipped steps",
+        "other processes' CPU"], [
         [f"`{a['arm']}`", a["precision"] + ("" if a["precision"] == a["precision_requested"]
                                             else f" (asked {a['precision_requested']})"),
          a["attn_implementation"], f"{a['batch_size']}×{a['seq_len']}",
          f"{ms(t['median']):.1f} [{ms(t['q1']):.1f}–{ms(t['q3']):.1f}]", f"{ms(t['min']):.1f}–{ms(t['max']):.1f}",
-         f"{a['samples_per_second']['median']:.1f}", f"{a['tokens_per_second']['median']:,.0f}", f"{a['tflops']:.3g}",
-         _f(a["mfu"], ".0%") if a["mfu"] is not None else (
+         f"{a['samples_per_second']['median']:.1f}", f"{a['tokens_per_second']['median']:,.0f}",
+         f"{a['tflops']:.3g}", _f(a["mfu"], ".0%") if a["mfu"] is not None else (
              "peak unknown" if a["peak_tflops_source"].startswith("peak unknown") else "—"),
          _mib(a["peak_memory_bytes"]), _mib(a["peak_reserved_bytes"]) if cuda else "—", str(a["skipped_steps"]),
-         _f(a.get("other_cpu_share"), ".0%")] for a in speed for t in [a["step_time"]]])
+         _f(a.get("other_cpu_share"), ".0%")] for a in speed for t in [a["step_time"]]])]
     out += [f"FLOPs per token (training, forward + backward) = 6·N + 12·L·s·h = {first['flops_per_token']:,} for "
             f"`{b['model']}` (N = {first['params_nonembedding']:,} non-embedding of {first['params']:,} parameters, "
             f"s = {first['seq_len']}). MFU = achieved TFLOP/s / dense peak TFLOP/s of the precision that ran: "
             + "; ".join(sorted({f"{a['precision']}: {a['peak_tflops_source']}" for a in speed})) + ".", ""]
     if predicted := results["speed"].get("predicted"):  # from ampft.estimate (make estimate): its error, arm by arm
         out += [f"Predicted by `make estimate` for {next(iter(predicted.values()))['device']} (a trace of the "
-                "same step on fake tensors; docs/benchmarks/estimate.md):", ""]
-        out += table(["arm", "predicted step ms", "measured step ms", "predicted peak", "measured peak"], [
+                "same step on fake tensors; docs/benchmarks/estimate.md):", "",
+                *table(["arm", "predicted step ms", "measured step ms", "predicted peak", "measured peak"], [
             [f"`{a['arm']}`", _f(p["step_seconds"] and ms(p["step_seconds"])), f"{ms(a['step_time']['median']):.1f}",
              _mib(p["peak_bytes"]), _mib(a["peak_memory_bytes"]) if cuda else "—"]
-            for a in speed if (p := predicted.get(a["arm"]))])
+            for a in speed if (p := predicted.get(a["arm"]))])]
     if not cuda:
         out += ["CPU memory is the peak RSS of the whole process during the arm's steps (its peak is reset per "
                 "arm): it includes the interpreter, torch, the tokenizer and the data, the same for every arm.", ""]
@@ -346,19 +318,17 @@ def _speed(results: dict, speed: list[dict], speed_raw: list[dict]) -> list[str]
                   f"Percentages: of `{base}` at the same batch size.", ""]
 
 
-def _comparison(results: dict, acc_arms: list[dict], trainers: list[str], metric: str) -> list[str]:
-    """The accuracy runs' speeds (against the Trainer's), each seed, model FLOP/s, precision gains, step
-    profiles, targets and accuracy checks, and what each fast path contributes."""
+def _comparison(results: dict, arms: dict[str, dict], trainers: list[str], metric: str) -> list[str]:
+    """The accuracy runs' speeds, per seed, FLOP/s, precision gains, profiles, targets, checks and ablations."""
     acc, seeds = results["accuracy"], results["benchmark"]["accuracy"]["seeds"]
-    arms = {a["arm"]: a for a in acc_arms}
-    out = ["### Speed of the accuracy runs", ""]
-    out += table(["arm", "runner", "differs by", "samples/s", "tokens/s", "training s", "wall s", "peak memory",
-                  *(f"x {t}" for t in trainers)], [
+    out = ["### Speed of the accuracy runs", "", *table([
+        "arm", "runner", "differs by", "samples/s", "tokens/s", "training s", "wall s", "peak memory",
+        *(f"x {t}" for t in trainers)], [
         [f"`{n}`", a["runner"], ", ".join(a["overrides"]) or "(defaults)", _f(a["samples_per_second"]),
          _f(a["tokens_per_second"], ".0f"), _f(a["train_seconds"] and a["train_seconds"]["median"]),
          _f(a["wall_seconds"]), _mib(a["peak_memory_bytes"]), *(_f(a["speedup"].get(t), ".2f") for t in trainers)]
-        for n, a in arms.items()], align="lll" + "r" * (5 + len(trainers)))
-    kind = next((a["peak_memory_kind"] for a in acc_arms if a["peak_memory_kind"]), "—")
+        for n, a in arms.items()], align="lll" + "r" * (5 + len(trainers)))]
+    kind = next((a["peak_memory_kind"] for a in arms.values() if a["peak_memory_kind"]), "—")
     out += ["Medians over seeds. samples/s and tokens/s (non-padding) are over the training loop; wall is the "
             f"run's. Peak memory: {kind}." + (" x: samples/s over a Trainer arm's in the same precision."
                                               if trainers else ""), ""]
@@ -376,30 +346,28 @@ def _comparison(results: dict, acc_arms: list[dict], trainers: list[str], metric
                 ""]
     out += _precision_section(results, arms, metric) + _profile_section(arms)
     if acc["targets"] or acc["checks"]:
-        out += ["### Targets", ""]
-        out += [f"- {t['arm']} at least {t['min_ratio']:g}x the samples/s of {t['over']}: measured "
-                f"{_f(t['ratio'], '.2f')}x, **{'met' if t['met'] else 'NOT met'}**." for t in acc["targets"]]
-        out += [f"- {c['arm']} {metric} within {acc['tolerance']:g} point(s) of {c['reference']}: "
+        out += ["### Targets", "", *(f"- {t['arm']} at least {t['min_ratio']:g}x the samples/s of {t['over']}: "
+                f"measured {_f(t['ratio'], '.2f')}x, **{'met' if t['met'] else 'NOT met'}**." for t in acc["targets"]),
+                *(f"- {c['arm']} {metric} within {acc['tolerance']:g} point(s) of {c['reference']}: "
                 f"{c['difference']:+.2f}, **{'yes' if c['within'] else 'NO'}**."
                 + (f" Paired over {len(c['per_seed'])} seeds: {_join(c['per_seed'], '+.2f')}, standard error "
                    f"{c['standard_error']:.2f}; within one seed standard deviation of {c['reference']} "
                    f"({c['reference_std']:.2f}): **{'yes' if c['within_reference_std'] else 'NO'}**."
-                   if len(c["per_seed"]) > 1 else "") for c in acc["checks"]]
-        out.append("")
+                   if len(c["per_seed"]) > 1 else "") for c in acc["checks"]), ""]
     plain = [n for n, a in arms.items() if a["runner"] == Runner.ampft.value and not a["overrides"]]
     ablations = [a for a in arms.values() if a["runner"] == Runner.ampft.value and a["overrides"]
                  and plain and a["precision"] == arms[plain[0]]["precision"]]  # other precisions: their own section
     if plain and ablations and (ref := arms[plain[0]])["samples_per_second"]:
-        out += [f"### What each fast path contributes (relative to {plain[0]})", ""]
-        out += [f"- {', '.join(a['overrides'])}: {_f(ratio(a['samples_per_second'], ref['samples_per_second']), '.2f')}x "
-                f"the samples/s, {_f(ratio(a['wall_seconds'], ref['wall_seconds']), '.2f')}x the wall time" for a in ablations]
-        out.append("")
+        out += [f"### What each fast path contributes (relative to {plain[0]})", "",
+                *(f"- {', '.join(a['overrides'])}: "
+                  f"{_f(ratio(a['samples_per_second'], ref['samples_per_second']), '.2f')}x the samples/s, "
+                  f"{_f(ratio(a['wall_seconds'], ref['wall_seconds']), '.2f')}x the wall time"
+                  for a in ablations), ""]
     return out
 
 
 def _precision_section(results: dict, arms: dict[str, dict], metric: str) -> list[str]:
-    """Each side's gain from a lower precision (an fp32 arm and its twin, measured in this run), and ampft
-    against the Trainer in each precision; empty where no arm has an fp32 twin."""
+    """Each side's gain from a lower precision over its fp32 twin, and ampft against the Trainer per precision."""
     acc, env = results["accuracy"], results["environment"]
     gains, sps = acc["precision_gains"], lambda arm: f"{arms[arm]['samples_per_second']:.1f}"
     ran_in = "each of these runs" if results.get("sources") else "this run"  # `combine`: several runs
@@ -407,12 +375,12 @@ def _precision_section(results: dict, arms: dict[str, dict], metric: str) -> lis
     for prec in dict.fromkeys(g["precision"] for g in gains):
         out += [f"### {prec} against fp32", "",
                 f"Each pair differs only in `precision`; both ran in {ran_in}, with the same seeds and data, so "
-                f"the {metric} difference is paired by seed (the mean of the per-seed differences, in points).", ""]
-        out += table(["side", "fp32 arm", f"{prec} arm", "fp32 samples/s", f"{prec} samples/s", f"{prec} / fp32",
+                f"the {metric} difference is paired by seed (the mean of the per-seed differences, in points).", "",
+                *table(["side", "fp32 arm", f"{prec} arm", "fp32 samples/s", f"{prec} samples/s", f"{prec} / fp32",
                       f"{metric} Δ per seed", f"{metric} Δ"], [
             [g["runner"], g["fp32"], g["arm"], sps(g["fp32"]), sps(g["arm"]), f"{g['ratio']:.2f}x",
              _join(g["metric_difference_per_seed"], "+.2f"), f"{g['metric_difference']:+.2f}"]
-            for g in gains if g["precision"] == prec], align="lllrrrlr")
+            for g in gains if g["precision"] == prec], align="lllrrrlr")]
         for v in (v for v in acc["by_precision"] if v["precision"] == prec):
             out += table(["precision", "Trainer arm", "ampft arm", "Trainer samples/s", "ampft samples/s",
                           "ampft / Trainer", f"Trainer {metric}", f"ampft {metric}", f"{metric} Δ"], [
@@ -433,19 +401,17 @@ def _precision_section(results: dict, arms: dict[str, dict], metric: str) -> lis
 
 
 def _profile_section(arms: dict[str, dict]) -> list[str]:
-    """Where a step's time goes, per arm (benchmark.accuracy.profile_steps): self time by op category, per step
-    and per 1,000 real tokens, and each arm's top ops; empty without profiles."""
+    """Where a step's time goes per arm (benchmark.accuracy.profile_steps): op categories and top ops."""
     if not (profiled := {n: a["profile"] for n, a in arms.items() if a.get("profile")}):
         return []
     first, ps = next(iter(profiled.values())), list(profiled.values())
-    cats = list(dict.fromkeys(c for p in ps for c in p["categories"]))
-    rows = [[label, *(fmt(p) for p in ps)] for label, fmt in (
-        ("padded tokens / step", lambda p: f"{p['padded_tokens_per_step']:.0f}"),
-        ("real tokens / step", lambda p: f"{p['real_tokens_per_step']:.0f}"),
-        ("padding share", lambda p: f"{1 - p['real_tokens_per_step'] / p['padded_tokens_per_step']:.0%}"),
-        ("**ms / step**", lambda p: f"**{p['ms_per_step']:.1f}**"),
-        ("**ms / 1k real tokens**", lambda p: f"**{p['ms_per_1k_real_tokens']:.1f}**"))]
-    rows += [[f"{c} (ms / step)", *(f"{p['categories'].get(c, 0.0):.1f}" for p in ps)] for c in cats]
+    rows = [["padded tokens / step", *(f"{p['padded_tokens_per_step']:.0f}" for p in ps)],
+            ["real tokens / step", *(f"{p['real_tokens_per_step']:.0f}" for p in ps)],
+            ["padding share", *(f"{1 - p['real_tokens_per_step'] / p['padded_tokens_per_step']:.0%}" for p in ps)],
+            ["**ms / step**", *(f"**{p['ms_per_step']:.1f}**" for p in ps)],
+            ["**ms / 1k real tokens**", *(f"**{p['ms_per_1k_real_tokens']:.1f}**" for p in ps)],
+            *([f"{c} (ms / step)", *(f"{p['categories'].get(c, 0.0):.1f}" for p in ps)]
+              for c in dict.fromkeys(c for p in ps for c in p["categories"]))]
     out = ["### Where a step's time goes (torch.profiler)", "",
            f"{first['steps']} training steps per arm (the first seed's run, after {SKIP + WARMUP} unrecorded steps), "
            "profiled the same way for both runners: a global optimizer-step hook advances the profiler, so a step is "
@@ -460,10 +426,8 @@ def _profile_section(arms: dict[str, dict]) -> list[str]:
 
 
 def write_outputs(res: dict, out_dir: Path) -> Path:
-    """results.json, results.csv, report.md and the PNGs into out_dir; return report.md. Also for re-rendering a
-    saved run (`rerender`) and for `combine`."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    """results.json, results.csv, report.md and the PNGs into out_dir; return report.md (`rerender`, `combine`)."""
+    (out_dir := Path(out_dir)).mkdir(parents=True, exist_ok=True)
     write_json(res, out_dir / "results.json")
     write_csv(res, out_dir / "results.csv")
     try:
