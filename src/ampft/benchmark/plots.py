@@ -3,11 +3,12 @@ matplotlib is the `plots` extra, imported when a plot is drawn."""
 
 from __future__ import annotations
 
+from collections import defaultdict
 from pathlib import Path
 
 from ampft.extras import require
 
-COLORS = {"fp32": "#4c72b0", "tf32": "#8172b2", "fp16": "#dd8452", "bf16": "#55a868"}
+COLORS = defaultdict(lambda: "#777777", fp32="#4c72b0", tf32="#8172b2", fp16="#dd8452", bf16="#55a868")
 
 
 def _figure() -> tuple[object, object]:
@@ -15,10 +16,6 @@ def _figure() -> tuple[object, object]:
     fig = require("matplotlib.figure", "plots", feature).Figure(figsize=(7.0, 4.0), dpi=100, layout="constrained")
     require("matplotlib.backends.backend_agg", "plots", feature).FigureCanvasAgg(fig)
     return fig, fig.add_subplot()
-
-
-def _color(precision: str | None) -> str:
-    return COLORS.get(precision or "", "#777777")
 
 
 def _empty(fig, ax, path: Path, text: str) -> None:
@@ -33,7 +30,7 @@ def throughput(results: dict, path: Path) -> None:
     tps = [a["tokens_per_second"] for a in arms]
     labels = [f"{a['arm']}\n{a['speedup']:.2f}x" if a.get("speedup") else a["arm"] for a in arms]
     yerr = [[t["median"] - t["q1"] for t in tps], [t["q3"] - t["median"] for t in tps]]
-    ax.bar(labels, [t["median"] for t in tps], yerr=yerr, capsize=4, color=[_color(a["precision"]) for a in arms])
+    ax.bar(labels, [t["median"] for t in tps], yerr=yerr, capsize=4, color=[COLORS[a["precision"]] for a in arms])
     ax.set(ylabel="tokens / s (median)", title=f"Throughput per arm (x: vs {results['benchmark']['baseline']})")
     ax.margins(y=0.15)
     fig.savefig(path)
@@ -43,7 +40,7 @@ def memory(results: dict, path: Path) -> None:
     fig, ax = _figure()
     arms, cuda = results["speed"]["arms"], results["environment"]["device_type"] == "cuda"
     alloc = [(a["peak_memory_bytes"] or 0) / 2**30 for a in arms]
-    colors = [_color(a["precision"]) for a in arms]
+    colors = [COLORS[a["precision"]] for a in arms]
     if cuda:
         x = range(len(arms))
         ax.bar([i - 0.2 for i in x], alloc, width=0.4, label="peak allocated", color=colors)
@@ -72,7 +69,7 @@ def memory_vs_batch(results: dict, path: Path) -> None:
             continue
         xs, ys = [p["batch_size"] for p in pts], [p[key] / 2**30 for p in pts]
         sizes.update(xs)
-        ax.plot(xs, ys, marker="o", label=r["arm"], color=_color(r["precision"]),
+        ax.plot(xs, ys, marker="o", label=r["arm"], color=COLORS[r["precision"]],
                 linestyle="-" if r["attn_implementation"] == "sdpa" else "--")
         if oom := [p["batch_size"] for p in r["sweep"] if not p["fits"]]:
             ax.annotate(f"OOM at {oom[0]}", (xs[-1], ys[-1]), xytext=(4, -10), textcoords="offset points",
@@ -94,7 +91,7 @@ def loss_curves(results: dict, path: Path) -> None:
     for r in (results.get("accuracy") or {}).get("runs", []):
         if r["loss_curve"]:
             ax.plot(*zip(*(point[:2] for point in r["loss_curve"]), strict=True),  # [step, loss, lr]
-                    color=_color(r["precision"]), alpha=0.7, linewidth=1.2, label=None if r["arm"] in seen else r["arm"])
+                    color=COLORS[r["precision"]], alpha=0.7, linewidth=1.2, label=None if r["arm"] in seen else r["arm"])
             seen.add(r["arm"])
     if not seen:
         return _empty(fig, ax, path, "no accuracy runs")

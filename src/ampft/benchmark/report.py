@@ -160,8 +160,7 @@ def render(results: dict, plots: list[str] | None = None) -> str:
     b, env, bud = results["benchmark"], results["environment"], results.get("budget") or {}
     speed_raw = (results.get("speed") or {}).get("raw", [])
     speed, acc_arms = (results.get("speed") or {}).get("arms", []), (results.get("accuracy") or {}).get("arms", [])
-    base = b["baseline"]
-    trainers = [a["arm"] for a in acc_arms if a["runner"] == Runner.trainer.value]
+    base, trainers = b["baseline"], [a["arm"] for a in acc_arms if a["runner"] == Runner.trainer.value]
     metric = acc_arms[0]["main_metric"] if acc_arms else "accuracy"
     precisions = {a["precision"] for a in [*speed, *acc_arms]}
     what = ": ampft vs the Hugging Face Trainer" if trainers else ": precision A/B" if len(precisions) > 1 else ""
@@ -245,8 +244,7 @@ def _setup(results: dict, trainers: list[str]) -> list[str]:
 def _results(results: dict, speed: list[dict], acc_arms: list[dict], trainers: list[str], metric: str) -> list[str]:
     """The summary table, one row per arm: its speed-mode figures, else its accuracy runs'."""
     b, cuda = results["benchmark"], results["environment"]["device_type"] == "cuda"
-    base = b["baseline"]
-    sp, acc, rows = {a["arm"]: a for a in speed}, {a["arm"]: a for a in acc_arms}, []
+    base, sp, acc, rows = b["baseline"], {a["arm"]: a for a in speed}, {a["arm"]: a for a in acc_arms}, []
     for name in (a["name"] for a in b["arms"]):
         a, c = sp.get(name), acc.get(name)
         if a is None and c is None:
