@@ -7,6 +7,8 @@ import os
 import platform
 import subprocess
 import time
+from contextlib import suppress
+from pathlib import Path
 
 import accelerate
 import torch
@@ -16,60 +18,43 @@ from ampft.devices import cpu_features, cpu_name
 
 
 def _nvidia_driver() -> str | None:
-    try:
+    with suppress(OSError, subprocess.SubprocessError):
         out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=20, check=True).stdout
-        return out.strip().splitlines()[0] if out.strip() else None
-    except (OSError, subprocess.SubprocessError):
-        pass
-    try:
-        with open("/proc/driver/nvidia/version") as f:
-            return f.readline().strip()
-    except OSError:
-        return None
+                             capture_output=True, text=True, timeout=20, check=True).stdout.strip()
+        return out.splitlines()[0] if out else None
+    with suppress(OSError):
+        return Path("/proc/driver/nvidia/version").read_text().partition("\n")[0].strip()
+    return None
 
 
 def _load() -> float | None:
-    try:
+    with suppress(OSError):
         return round(os.getloadavg()[0], 2)
-    except OSError:
-        return None
+    return None
 
 
 def describe(device: torch.device) -> dict:
     cuda = device.type == "cuda"
     props = torch.cuda.get_device_properties(device) if cuda else None
     return dict(
-        date=dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        device_type=device.type,
+        date=dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"), device_type=device.type,
         device_name=torch.cuda.get_device_name(device) if cuda else cpu_name(),
         device_memory_bytes=props.total_memory if cuda else None,
         compute_capability=f"{props.major}.{props.minor}" if cuda else None,
-        driver=_nvidia_driver() if cuda else None,
-        cuda=torch.version.cuda,
-        cudnn=torch.backends.cudnn.version() if cuda else None,
-        cpu=cpu_name(),
-        cpu_count=os.cpu_count(),
-        cpu_features=cpu_features(),
-        torch_threads=torch.get_num_threads(),
+        driver=_nvidia_driver() if cuda else None, cuda=torch.version.cuda,
+        cudnn=torch.backends.cudnn.version() if cuda else None, cpu=cpu_name(), cpu_count=os.cpu_count(),
+        cpu_features=cpu_features(), torch_threads=torch.get_num_threads(),
         load_average=_load(),  # other processes on the machine make timings noisy
-        python=platform.python_version(),
-        os=f"{platform.system()} {platform.release()}",
-        torch=torch.__version__,
-        transformers=transformers.__version__,
-        accelerate=accelerate.__version__,
-    )
+        python=platform.python_version(), os=f"{platform.system()} {platform.release()}",
+        torch=torch.__version__, transformers=transformers.__version__, accelerate=accelerate.__version__)
 
 
 def _busy_seconds() -> float | None:
     """CPU seconds the whole machine spent busy since boot (Linux /proc/stat), all cores together."""
-    try:
-        with open("/proc/stat") as f:
-            fields = [int(x) for x in f.readline().split()[1:]]
-    except (OSError, ValueError):
-        return None
-    user, nice, system, _idle, _iowait, irq, softirq, steal = (fields + [0] * 8)[:8]
-    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+    with suppress(OSError, ValueError):  # user nice system idle iowait irq softirq steal
+        ticks = [int(x) for x in Path("/proc/stat").read_text().partition("\n")[0].split()[1:]] + [0] * 8
+        return (sum(ticks[:3]) + sum(ticks[5:8])) / os.sysconf("SC_CLK_TCK")
+    return None
 
 
 class OtherLoad:
@@ -83,9 +68,7 @@ class OtherLoad:
         return self
 
     def __exit__(self, *exc) -> None:
-        busy = _busy_seconds()
-        elapsed = time.monotonic() - self._t
-        if busy is None or self._busy is None or elapsed <= 0:
-            return
-        other = (busy - self._busy) - (sum(os.times()[:4]) - self._own)
-        self.share = round(min(max(other / (elapsed * (os.cpu_count() or 1)), 0.0), 1.0), 3)
+        busy, elapsed = _busy_seconds(), time.monotonic() - self._t
+        if busy is not None and self._busy is not None and elapsed > 0:
+            other = (busy - self._busy) - (sum(os.times()[:4]) - self._own)
+            self.share = round(min(max(other / (elapsed * (os.cpu_count() or 1)), 0.0), 1.0), 3)

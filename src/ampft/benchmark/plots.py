@@ -3,39 +3,34 @@ matplotlib is the `plots` extra, imported when a plot is drawn."""
 
 from __future__ import annotations
 
+from collections import defaultdict
 from pathlib import Path
 
 from ampft.extras import require
 
-COLORS = {"fp32": "#4c72b0", "tf32": "#8172b2", "fp16": "#dd8452", "bf16": "#55a868"}
+COLORS = defaultdict(lambda: "#777777", fp32="#4c72b0", tf32="#8172b2", fp16="#dd8452", bf16="#55a868")
 
 
-def _figure(w: float = 7.0, h: float = 4.0) -> tuple[object, object]:
+def _figure() -> tuple[object, object]:
     feature = "the benchmark's PNG plots"
-    Figure = require("matplotlib.figure", "plots", feature).Figure
-    FigureCanvasAgg = require("matplotlib.backends.backend_agg", "plots", feature).FigureCanvasAgg
-    fig = Figure(figsize=(w, h), dpi=100, layout="constrained")
-    FigureCanvasAgg(fig)
+    fig = require("matplotlib.figure", "plots", feature).Figure(figsize=(7.0, 4.0), dpi=100, layout="constrained")
+    require("matplotlib.backends.backend_agg", "plots", feature).FigureCanvasAgg(fig)
     return fig, fig.add_subplot()
 
 
-def _color(precision: str | None) -> str:
-    return COLORS.get(precision or "", "#777777")
-
-
-def _empty(ax, text: str) -> None:
+def _empty(fig, ax, path: Path, text: str) -> None:
     ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, wrap=True)
     ax.set_axis_off()
+    fig.savefig(path)
 
 
 def throughput(results: dict, path: Path) -> None:
     fig, ax = _figure()
     arms = results["speed"]["arms"]
-    med = [a["tokens_per_second"]["median"] for a in arms]
-    lo = [m - a["tokens_per_second"]["q1"] for m, a in zip(med, arms, strict=True)]
-    hi = [a["tokens_per_second"]["q3"] - m for m, a in zip(med, arms, strict=True)]
+    tps = [a["tokens_per_second"] for a in arms]
     labels = [f"{a['arm']}\n{a['speedup']:.2f}x" if a.get("speedup") else a["arm"] for a in arms]
-    ax.bar(labels, med, yerr=[lo, hi], capsize=4, color=[_color(a["precision"]) for a in arms])
+    yerr = [[t["median"] - t["q1"] for t in tps], [t["q3"] - t["median"] for t in tps]]
+    ax.bar(labels, [t["median"] for t in tps], yerr=yerr, capsize=4, color=[COLORS[a["precision"]] for a in arms])
     ax.set(ylabel="tokens / s (median)", title=f"Throughput per arm (x: vs {results['benchmark']['baseline']})")
     ax.margins(y=0.15)
     fig.savefig(path)
@@ -43,10 +38,9 @@ def throughput(results: dict, path: Path) -> None:
 
 def memory(results: dict, path: Path) -> None:
     fig, ax = _figure()
-    arms = results["speed"]["arms"]
-    cuda = results["environment"]["device_type"] == "cuda"
+    arms, cuda = results["speed"]["arms"], results["environment"]["device_type"] == "cuda"
     alloc = [(a["peak_memory_bytes"] or 0) / 2**30 for a in arms]
-    colors = [_color(a["precision"]) for a in arms]
+    colors = [COLORS[a["precision"]] for a in arms]
     if cuda:
         x = range(len(arms))
         ax.bar([i - 0.2 for i in x], alloc, width=0.4, label="peak allocated", color=colors)
@@ -71,26 +65,23 @@ def memory_vs_batch(results: dict, path: Path) -> None:
     key = "peak_allocated_bytes" if cuda else "peak_rss_bytes"
     sizes = set()
     for r in results["speed"]["raw"]:
-        pts = [p for p in r["sweep"] if p["fits"]]
-        if not pts:
+        if not (pts := [p for p in r["sweep"] if p["fits"]]):
             continue
         xs, ys = [p["batch_size"] for p in pts], [p[key] / 2**30 for p in pts]
         sizes.update(xs)
-        ax.plot(xs, ys, marker="o", label=r["arm"], color=_color(r["precision"]),
+        ax.plot(xs, ys, marker="o", label=r["arm"], color=COLORS[r["precision"]],
                 linestyle="-" if r["attn_implementation"] == "sdpa" else "--")
-        oom = [p["batch_size"] for p in r["sweep"] if not p["fits"]]
-        if oom:
+        if oom := [p["batch_size"] for p in r["sweep"] if not p["fits"]]:
             ax.annotate(f"OOM at {oom[0]}", (xs[-1], ys[-1]), xytext=(4, -10), textcoords="offset points",
                         fontsize=8)
     if not sizes:
-        _empty(ax, "no memory sweep (benchmark.sweep.batch_sizes is empty)")
-    else:
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(sorted(sizes), [str(n) for n in sorted(sizes)])
-        ax.minorticks_off()
-        ax.set(xlabel="batch size", ylabel="GiB" + (" (peak allocated)" if cuda else " (process peak RSS)"),
-               title="Peak memory versus batch size")
-        ax.legend()
+        return _empty(fig, ax, path, "no memory sweep (benchmark.sweep.batch_sizes is empty)")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sorted(sizes), [str(n) for n in sorted(sizes)])
+    ax.minorticks_off()
+    ax.set(xlabel="batch size", ylabel="GiB" + (" (peak allocated)" if cuda else " (process peak RSS)"),
+           title="Peak memory versus batch size")
+    ax.legend()
     fig.savefig(path)
 
 
@@ -98,18 +89,15 @@ def loss_curves(results: dict, path: Path) -> None:
     fig, ax = _figure()
     seen = set()
     for r in (results.get("accuracy") or {}).get("runs", []):
-        if not r["loss_curve"]:
-            continue
-        steps, losses = zip(*(point[:2] for point in r["loss_curve"]), strict=True)  # [step, loss, lr]
-        ax.plot(steps, losses, color=_color(r["precision"]), alpha=0.7, linewidth=1.2,
-                label=None if r["arm"] in seen else r["arm"])
-        seen.add(r["arm"])
+        if r["loss_curve"]:
+            ax.plot(*zip(*(point[:2] for point in r["loss_curve"]), strict=True),  # [step, loss, lr]
+                    color=COLORS[r["precision"]], alpha=0.7, linewidth=1.2, label=None if r["arm"] in seen else r["arm"])
+            seen.add(r["arm"])
     if not seen:
-        _empty(ax, "no accuracy runs")
-    else:
-        ax.set(xlabel="optimizer step", ylabel="training loss (logging window mean)",
-               title="Loss curves (one line per seed)")
-        ax.legend()
+        return _empty(fig, ax, path, "no accuracy runs")
+    ax.set(xlabel="optimizer step", ylabel="training loss (logging window mean)",
+           title="Loss curves (one line per seed)")
+    ax.legend()
     fig.savefig(path)
 
 
@@ -117,25 +105,30 @@ def loss_scale(results: dict, path: Path) -> None:
     fig, ax = _figure()
     runs = [r for r in (results.get("accuracy") or {}).get("runs", []) if r["loss_scale_trace"]]
     for r in runs:
-        steps, scales = zip(*r["loss_scale_trace"], strict=True)
-        ax.step(steps, scales, where="post", alpha=0.8,
+        ax.step(*zip(*r["loss_scale_trace"], strict=True), where="post", alpha=0.8,
                 label=f"{r['arm']} seed {r['seed']} ({r.get('skipped_steps') or 0} skipped)")
     if not runs:
-        _empty(ax, "no fp16 arm in accuracy mode: no loss scale to show\n(bf16 and fp32 need no loss scaling)")
-    else:
-        ax.set_yscale("log", base=2)
-        ax.set(xlabel="optimizer step", ylabel="loss scale", title="fp16 dynamic loss scale")
-        ax.legend(fontsize=8)
+        return _empty(fig, ax, path, "no fp16 arm in accuracy mode: no loss scale to show\n"
+                      "(bf16 and fp32 need no loss scaling)")
+    ax.set_yscale("log", base=2)
+    ax.set(xlabel="optimizer step", ylabel="loss scale", title="fp16 dynamic loss scale")
+    ax.legend(fontsize=8)
     fig.savefig(path)
+
+
+PLOTS = {  # file: (the mode whose results it draws, how, its caption in report.md)
+    "throughput.png": ("speed", throughput,
+                       "Throughput per arm (median tokens/s; bars: interquartile range of the timed steps)"),
+    "memory.png": ("speed", memory, "Peak memory per arm"),
+    "memory_vs_batch.png": ("speed", memory_vs_batch, "Peak memory versus batch size"),
+    "loss_curves.png": ("accuracy", loss_curves, "Training loss per arm and seed (accuracy mode)"),
+    "loss_scale.png": ("accuracy", loss_scale, "fp16 dynamic loss scale (accuracy mode)"),
+}
 
 
 def make_plots(results: dict, out_dir: Path) -> list[str]:
     """Write the PNGs that the results have data for; return their file names."""
-    todo = {}
-    if results.get("speed"):
-        todo.update({"throughput.png": throughput, "memory.png": memory, "memory_vs_batch.png": memory_vs_batch})
-    if results.get("accuracy"):
-        todo.update({"loss_curves.png": loss_curves, "loss_scale.png": loss_scale})
-    for name, fn in todo.items():
-        fn(results, Path(out_dir) / name)
-    return list(todo)
+    made = [name for name, (mode, _, _) in PLOTS.items() if results.get(mode)]
+    for name in made:
+        PLOTS[name][1](results, Path(out_dir) / name)
+    return made
