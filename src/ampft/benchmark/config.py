@@ -1,10 +1,6 @@
-"""The benchmark's schema (`BenchmarkConfig`, conf/benchmark, the primary config `benchmark_recipe`) and the
-finetune config of each arm composed from it.
-
-An arm is a runner (ampft, or a run_glue-style transformers.Trainer) plus finetune overrides: its config is
-`conf/finetune.yaml` with the benchmark's shared overrides, the mode's and the arm's own (later wins). `check`
-composes and validates every arm of every mode before anything is measured and reports all problems at once;
-unknown keys and bad modes fail earlier, at compose time (the structured schema).
+"""The benchmark's schema (`BenchmarkConfig`, conf/benchmark, the primary config `benchmark_recipe`) and each
+arm's finetune config: `conf/finetune.yaml` with the benchmark's shared overrides, the mode's and the arm's own
+(later wins). Unknown keys and bad modes fail at compose time; `check` reports every other problem at once.
 """
 
 from __future__ import annotations

@@ -36,25 +36,22 @@ def category(op: str) -> str:
     return next((c for c, keys in CATEGORIES if any(k in name for k in keys)), "other")
 
 
-class StepProfiler:
+class StepProfiler(contextlib.ExitStack):
     """`with StepProfiler(steps) as p: <train>`; then `p.save(out_dir)`."""
 
     def __init__(self, steps: int):
+        super().__init__()
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
         self.prof = profile(activities=activities,
                             schedule=schedule(skip_first=SKIP, wait=0, warmup=WARMUP, active=steps, repeat=1))
         self.recorded = 0  # optimizer steps inside the recorded window
         self.padded = self.real = 0
-        self._stack = contextlib.ExitStack()
 
     def __enter__(self) -> StepProfiler:
-        self._stack.enter_context(self.prof)
-        self._stack.callback(register_optimizer_step_post_hook(self._step).remove)
-        self._stack.callback(register_module_forward_pre_hook(self._count).remove)
+        self.enter_context(self.prof)
+        self.callback(register_optimizer_step_post_hook(self._step).remove)
+        self.callback(register_module_forward_pre_hook(self._count).remove)
         return self
-
-    def __exit__(self, *exc) -> None:
-        self._stack.close()
 
     def _recording(self) -> bool:
         return self.prof.current_action in (ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE)

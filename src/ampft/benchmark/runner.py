@@ -247,9 +247,8 @@ def _finish(run: _Run, res: dict, out_dir: Path, partial: list[int] | None = Non
 
 
 def _first_run_bound(run: _Run, cfg: DictConfig) -> tuple[float, str] | None:
-    """An upper bound on the training time of the first accuracy run, from the baseline's speed-mode step time
-    scaled to the run's steps and batch (every row counted at full length); None where it cannot be known
-    (no speed-mode baseline, or a training set of unknown size)."""
+    """(seconds, what) bounding the first accuracy run from the baseline's speed-mode step, every row at full
+    length; None without a speed-mode baseline or a known training-set size."""
     step, tr, samples = run.steps.get(run.b.baseline), cfg.trainer, cfg.task.max_train_samples
     steps = int(tr.max_steps) if tr.max_steps > 0 else samples and math.ceil(
         math.ceil(samples / tr.batch_size) / tr.grad_accum * tr.epochs)

@@ -135,8 +135,8 @@ def sweep_batch_sizes(try_size, batch_sizes: list[int], until_oom: bool, max_bat
 
 
 def _sweep(training: Training, sweep: DictConfig, make_batches, seq_len: int) -> list[dict]:
-    """Peak memory per batch size on the arm's own model and optimizer. Only CUDA doubles until out of memory
-    (sweep.until_oom): a CPU swaps rather than running out cleanly."""
+    """Peak memory per batch size on the arm's own model and optimizer; only CUDA doubles until out of memory
+    (a CPU swaps rather than running out cleanly)."""
     device = training.accelerator.device
 
     def try_size(bs: int) -> dict | None:
@@ -168,18 +168,14 @@ def _fmt_mem(m: dict) -> str:
 
 
 def pilot_batch_size(batch_size: int) -> int:
-    """The budget's pilot batch: a quarter of the arm's, big enough for the arithmetic (not the per-step overhead)
-    to decide its time, cheap on an arm that crawls."""
+    """A quarter of the arm's batch: the arithmetic, not per-step overhead, decides its time; cheap on a crawl."""
     return max(1, batch_size // 4)
 
 
 def measure_arm(cfg: DictConfig, run_dir: Path, warmup_steps: int, timed_steps: int, seed: int,
                 sweep: DictConfig | None = None, plan=None) -> dict:
-    """Build one arm, time its steps, measure its memory (and sweep batch sizes); free everything.
-
-    plan (`ampft.benchmark.runner.SpeedPlan`; None: everything runs) first sees the second of two pilot steps at
-    `pilot_batch_size` (`after_pilot`; False: only the pilot is returned, `skipped=True`), then the probe: the
-    warm-up and two timed steps (`after_probe`: how many timed steps to add, and whether to sweep)."""
+    """Build one arm, time its steps, measure its memory (and sweep batch sizes); free everything. plan
+    (`runner.SpeedPlan`; None: everything runs) decides after the pilot steps and after the probe (the budget)."""
     tic = time.perf_counter()
     training, _, ran_precision = build(cfg, Path(run_dir))
     built = time.perf_counter() - tic
