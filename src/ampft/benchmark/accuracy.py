@@ -1,9 +1,6 @@
-"""Accuracy mode's runs: one full fine-tuning of an arm and seed, read back into one record, whoever trains it.
-
-- `run_seed`: `ampft.finetune.run` in this process, read back from its summary and metrics.jsonl.
-- `run_isolated`: the same run, or the Trainer's (`trainer.run_trainer`), in its own process with a cold
-  tokenization cache, timed from outside (imports, model, tokenization, training, evaluation).
-- `epoch_flops`: the model FLOPs of an epoch over the non-padding tokens, for model TFLOP/s and MFU.
+"""Accuracy mode's runs, one record per (arm, seed) whoever trains it: `run_seed` (ampft in this process),
+`run_isolated` (that run or the Trainer's in its own process, cold tokenization cache, timed from outside), and
+`epoch_flops` (an epoch's model FLOPs over the non-padding tokens, for model TFLOP/s and MFU).
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""The benchmark's schema (`BenchmarkConfig`, conf/benchmark, the primary config `benchmark_recipe`) and the
-finetune config of each arm composed from it.
-
-An arm is a runner (ampft, or a run_glue-style transformers.Trainer) plus finetune overrides: its config is
-`conf/finetune.yaml` with the benchmark's shared overrides, the mode's and the arm's own (later wins). `check`
-composes and validates every arm of every mode before anything is measured and reports all problems at once;
-unknown keys and bad modes fail earlier, at compose time (the structured schema).
+"""The benchmark's schema (`BenchmarkConfig`, conf/benchmark, the primary config `benchmark_recipe`) and each
+arm's finetune config: `conf/finetune.yaml` with the benchmark's shared overrides, the mode's and the arm's own
+(later wins). Unknown keys and bad modes fail at compose time; `check` reports every other problem at once.
 """
 
 from __future__ import annotations
@@ -163,64 +159,51 @@ def compose_finetune(overrides: list[str], conf_dir: Path = CONF_DIR) -> DictCon
         return compose(config_name="finetune", overrides=list(overrides))
 
 
+# (key, least value, why): where speed./sweep. keys are checked only when speed mode runs
+_AT_LEAST = (("seq_len", 8, ""), ("batch_size", 1, ""), ("speed.warmup_steps", 0, ""),
+             ("speed.timed_steps", 2, " (a spread needs two)"), ("sweep.steps", 1, ""))
+
+
 def check(b: DictConfig, conf_dir: Path = CONF_DIR) -> dict[tuple[str, str, int | None], DictConfig]:
     """Validate the benchmark and compose every finetune config it will run; raise with all problems.
 
     Returns {(mode, arm name, seed): cfg}; seed is None in speed mode (it uses benchmark.seed). Composing
     everything up front also means a config file edited while the benchmark runs cannot change it midway."""
-    problems: list[str] = []
-    modes = [Mode(m) for m in b.modes]
-    names = [a.name for a in b.arms]
-    if not modes:
-        problems.append("benchmark.modes is empty: use [speed], [accuracy] or [speed, accuracy]")
-    if not names:
-        problems.append("benchmark.arms is empty: give at least two arms, e.g. "
-                        "[{name: fp32, overrides: [precision=fp32]}, {name: bf16, overrides: [precision=bf16]}]")
-    if dupes := sorted({n for n in names if names.count(n) > 1}):
-        problems.append(f"benchmark.arms has duplicate names {dupes}: each arm needs its own name")
-    for i, arm in enumerate(b.arms):
-        if Runner(arm.runner) == Runner.trainer and _takes_part(b, arm, Mode.speed):
-            problems.append(f"benchmark.arms[{i}] ({arm.name}): runner=trainer in speed mode, which times ampft's "
-                            "own step: give the arm modes: [accuracy]")
-    for i, t in enumerate(b.targets):
-        if t.arm not in names or t.over not in names:
-            problems.append(f"benchmark.targets[{i}]: {t.arm} over {t.over}: both must be arms ({names})")
-        if t.min_ratio <= 0:
-            problems.append(f"benchmark.targets[{i}].min_ratio={t.min_ratio}: must be > 0")
-    if unknown := [a for a in b.accuracy.reference if a not in names]:
-        problems.append(f"benchmark.accuracy.reference has {unknown}: not arms ({names})")
-    if b.accuracy.profile_steps < 0:
-        problems.append(f"benchmark.accuracy.profile_steps={b.accuracy.profile_steps}: give 0 (no profiling) or "
-                        "a number of steps, e.g. 20")
-    if names and b.baseline not in names:
-        problems.append(f"benchmark.baseline={b.baseline} is not an arm: choose one of {names}")
-    if b.seq_len < 8:
-        problems.append(f"benchmark.seq_len={b.seq_len}: must be >= 8")
-    if b.batch_size < 1:
-        problems.append(f"benchmark.batch_size={b.batch_size}: must be >= 1")
-    if b.budget_minutes is not None and not b.budget_minutes > 0:
-        problems.append(f"benchmark.budget_minutes={b.budget_minutes}: must be > 0, or null for no budget")
-    s, sw = b.speed, b.sweep
-    if Mode.speed in modes:
-        if s.warmup_steps < 0:
-            problems.append(f"benchmark.speed.warmup_steps={s.warmup_steps}: must be >= 0")
-        if s.timed_steps < 2:
-            problems.append(f"benchmark.speed.timed_steps={s.timed_steps}: must be >= 2 (a spread needs two)")
-        if any(n < 1 for n in sw.batch_sizes) or list(sw.batch_sizes) != sorted(set(sw.batch_sizes)):
-            problems.append(f"benchmark.sweep.batch_sizes={list(sw.batch_sizes)}: positive and increasing, "
-                            "e.g. [4, 8, 16]")
-        if sw.steps < 1:
-            problems.append(f"benchmark.sweep.steps={sw.steps}: must be >= 1")
-        if unknown := [a for a in (sw.arms or []) if a not in names]:
-            problems.append(f"benchmark.sweep.arms has {unknown}: not arms; choose from {names}")
-    seeds = list(b.accuracy.seeds)
-    if Mode.accuracy in modes and not seeds:
-        problems.append("benchmark.accuracy.seeds is empty: give several seeds, e.g. [1, 2, 3]")
-    if Mode.accuracy in modes and len(seeds) != len(set(seeds)):
-        problems.append(f"benchmark.accuracy.seeds={seeds} repeats a seed")
-    if bad := {k: v for k, v in b.peak_tflops.items() if v is not None and v <= 0}:
-        problems.append(f"benchmark.peak_tflops has non-positive values {bad}: give TFLOP/s > 0 or null")
-
+    modes, names, seeds = [Mode(m) for m in b.modes], [a.name for a in b.arms], list(b.accuracy.seeds)
+    speed, acc, sw = Mode.speed in modes, Mode.accuracy in modes, b.sweep
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    ref_unknown = [a for a in b.accuracy.reference if a not in names]
+    sweep_unknown = [a for a in sw.arms or [] if a not in names]
+    bad_peaks = {k: v for k, v in b.peak_tflops.items() if v is not None and v <= 0}
+    rules = [  # (is a problem, its message)
+        (not modes, "benchmark.modes is empty: use [speed], [accuracy] or [speed, accuracy]"),
+        (not names, "benchmark.arms is empty: give at least two arms, e.g. "
+                    "[{name: fp32, overrides: [precision=fp32]}, {name: bf16, overrides: [precision=bf16]}]"),
+        (dupes, f"benchmark.arms has duplicate names {dupes}: each arm needs its own name"),
+        *((Runner(arm.runner) == Runner.trainer and _takes_part(b, arm, Mode.speed),
+           f"benchmark.arms[{i}] ({arm.name}): runner=trainer in speed mode, which times ampft's own step: give "
+           "the arm modes: [accuracy]") for i, arm in enumerate(b.arms)),
+        *((t.arm not in names or t.over not in names,
+           f"benchmark.targets[{i}]: {t.arm} over {t.over}: both must be arms ({names})")
+          for i, t in enumerate(b.targets)),
+        *((t.min_ratio <= 0, f"benchmark.targets[{i}].min_ratio={t.min_ratio}: must be > 0")
+          for i, t in enumerate(b.targets)),
+        (ref_unknown, f"benchmark.accuracy.reference has {ref_unknown}: not arms ({names})"),
+        (b.accuracy.profile_steps < 0, f"benchmark.accuracy.profile_steps={b.accuracy.profile_steps}: give 0 (no "
+                                       "profiling) or a number of steps, e.g. 20"),
+        (names and b.baseline not in names, f"benchmark.baseline={b.baseline} is not an arm: choose one of {names}"),
+        *((OmegaConf.select(b, key) < least, f"benchmark.{key}={OmegaConf.select(b, key)}: must be >= {least}{why}")
+          for key, least, why in _AT_LEAST if speed or not key.startswith(("speed.", "sweep."))),
+        (b.budget_minutes is not None and not b.budget_minutes > 0,
+         f"benchmark.budget_minutes={b.budget_minutes}: must be > 0, or null for no budget"),
+        (speed and (any(n < 1 for n in sw.batch_sizes) or list(sw.batch_sizes) != sorted(set(sw.batch_sizes))),
+         f"benchmark.sweep.batch_sizes={list(sw.batch_sizes)}: positive and increasing, e.g. [4, 8, 16]"),
+        (speed and sweep_unknown, f"benchmark.sweep.arms has {sweep_unknown}: not arms; choose from {names}"),
+        (acc and not seeds, "benchmark.accuracy.seeds is empty: give several seeds, e.g. [1, 2, 3]"),
+        (acc and len(seeds) != len(set(seeds)), f"benchmark.accuracy.seeds={seeds} repeats a seed"),
+        (bad_peaks, f"benchmark.peak_tflops has non-positive values {bad_peaks}: give TFLOP/s > 0 or null"),
+    ]
+    problems = [message for bad, message in rules if bad]
     cfgs: dict[tuple[str, str, int | None], DictConfig] = {}
     for mode in modes:
         arms = arms_for(b, mode)

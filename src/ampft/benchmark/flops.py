@@ -1,18 +1,6 @@
-"""Training FLOPs of an encoder, peak TFLOP/s of known devices (the table in `ampft.devices`), and MFU.
-
-Per token, one training step (forward + backward) of a Transformer encoder costs
-
-    6 * N  +  12 * n_layers * seq_len * hidden
-
-N is the number of non-embedding parameters (every parameter outside `nn.Embedding` modules). A weight
-matrix of n parameters costs 2n FLOPs per token forward and 4n backward (gradients of the input and of the
-weight): 6n. Attention adds two parameter-free matmuls per layer, Q·Kᵀ and A·V, each 2 * seq_len * hidden
-FLOPs per token forward, so 3 * 4 * seq_len * hidden per layer for training (PaLM, Chowdhery et al. 2022,
-appendix B). Biases, LayerNorm, softmax, GELU and the optimizer are not counted, as usual. The pooler and
-classifier run once per sequence but are counted per token, which overstates 6N by their share of N: 0.35%
-for BERT-large, 6% for the 64-wide tiny-bert.
-
-MFU = achieved FLOP/s / dense peak FLOP/s of the precision that ran, on that device.
+"""Training FLOPs of an encoder, 6N + 12·L·s·h per token (N: non-embedding parameters; the count and what it
+leaves out: docs/benchmarks/README.md#flops-tflops-and-mfu), peak TFLOP/s of known devices (the table in
+`ampft.devices`), and MFU = achieved FLOP/s / dense peak FLOP/s of the precision that ran, on that device.
 """
 
 from __future__ import annotations
@@ -47,14 +35,12 @@ def training_flops_per_token(n_params_nonembedding: int, n_layers: int, seq_len:
 def training_flops(model: torch.nn.Module, lengths: Iterable[int]) -> int:
     """Training FLOPs of one pass over examples of these non-padding lengths, sum of s · (6N + 12·L·s·h).
     Padding costs nothing here, so runs that pad differently are credited with the same useful work."""
-    layers, hidden = encoder_dims(model.config)
-    n = nonembedding_params(model)
+    layers, hidden, n = *encoder_dims(model.config), nonembedding_params(model)
     return sum(s * training_flops_per_token(n, layers, s, hidden) for s in lengths)
 
 
 def model_flops_per_token(model: torch.nn.Module, seq_len: int) -> dict[str, int]:
-    layers, hidden = encoder_dims(model.config)
-    n = nonembedding_params(model)
+    layers, hidden, n = *encoder_dims(model.config), nonembedding_params(model)
     return dict(params=sum(p.numel() for p in model.parameters()), params_nonembedding=n, n_layers=layers,
                 hidden=hidden, flops_per_token=training_flops_per_token(n, layers, seq_len, hidden))
 

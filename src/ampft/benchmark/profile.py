@@ -1,16 +1,13 @@
-"""torch.profiler over a window of training steps, the same way for both runners (`benchmark.accuracy.profile_steps`).
-
-Neither training loop is touched: a global optimizer step hook (fired by every torch optimizer, the Trainer's
-and ampft's alike) advances the profiler's schedule, so a profiled step runs from the end of one optimizer step
-to the end of the next (data loading, forward, backward, clipping, optimizer, scheduler, zero_grad). A global
-forward pre-hook counts those steps' tokens at the word embedding: padded (the batch's shape) and real (not the
-padding id). `summary` sorts the ops' self time (CUDA's where there is one) into categories, per step and per
-1,000 real tokens: what the report compares between arms.
+"""torch.profiler over a window of training steps, the same way for both runners (`benchmark.accuracy.profile_steps`,
+docs/benchmarks/README.md, "Profile"): a global optimizer step hook advances the schedule, so neither training
+loop is touched; a global forward pre-hook counts the window's tokens at the word embedding, padded and real.
+`summary` sorts the ops' self time (CUDA's where there is one) into categories, per step and per 1,000 real tokens.
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -39,25 +36,22 @@ def category(op: str) -> str:
     return next((c for c, keys in CATEGORIES if any(k in name for k in keys)), "other")
 
 
-class StepProfiler:
+class StepProfiler(contextlib.ExitStack):
     """`with StepProfiler(steps) as p: <train>`; then `p.save(out_dir)`."""
 
     def __init__(self, steps: int):
+        super().__init__()
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
         self.prof = profile(activities=activities,
                             schedule=schedule(skip_first=SKIP, wait=0, warmup=WARMUP, active=steps, repeat=1))
         self.recorded = 0  # optimizer steps inside the recorded window
         self.padded = self.real = 0
-        self._stack = contextlib.ExitStack()
 
     def __enter__(self) -> StepProfiler:
-        self._stack.enter_context(self.prof)
-        self._stack.callback(register_optimizer_step_post_hook(self._step).remove)
-        self._stack.callback(register_module_forward_pre_hook(self._count).remove)
+        self.enter_context(self.prof)
+        self.callback(register_optimizer_step_post_hook(self._step).remove)
+        self.callback(register_module_forward_pre_hook(self._count).remove)
         return self
-
-    def __exit__(self, *exc) -> None:
-        self._stack.close()
 
     def _recording(self) -> bool:
         return self.prof.current_action in (ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE)
@@ -80,23 +74,21 @@ class StepProfiler:
         short to reach the window."""
         if not self.recorded:
             return dict(steps=0, note=f"the run had fewer than {SKIP + WARMUP + 1} optimizer steps: nothing recorded")
-        n, cuda = self.recorded, torch.cuda.is_available()
-        by_cat: dict[str, float] = {}
-        ops = []
+        n, cuda, by_cat, ops = self.recorded, torch.cuda.is_available(), Counter(), []
         for e in self.prof.key_averages():
             if e.key.startswith("ProfilerStep"):
                 continue
             ms = e.self_cpu_time_total / 1e3 / n
             gpu = getattr(e, "self_device_time_total", 0) / 1e3 / n if cuda else None
             cat = category(e.key)
-            by_cat[cat] = by_cat.get(cat, 0.0) + (gpu if cuda else ms)
+            by_cat[cat] += gpu if cuda else ms
             ops.append(dict(op=e.key, category=cat, cpu_ms=ms, gpu_ms=gpu, calls=e.count / n))
         ops.sort(key=lambda o: -(o["gpu_ms"] if cuda else o["cpu_ms"]))
         total = sum(by_cat.values())
         return dict(steps=n, clock="CUDA kernel time" if cuda else "CPU self time", ms_per_step=total,
                     padded_tokens_per_step=self.padded / n, real_tokens_per_step=self.real / n,
                     ms_per_1k_real_tokens=1e3 * total / max(self.real / n, 1),
-                    categories=dict(sorted(by_cat.items(), key=lambda kv: -kv[1])), top=ops[:TOP])
+                    categories=dict(by_cat.most_common()), top=ops[:TOP])
 
     def save(self, out_dir: Path) -> dict:
         """profile.txt (torch's table of the window) in out_dir; returns `summary()`."""

@@ -30,7 +30,7 @@ class SpeedPlan:
     """The time budget's decisions for one speed arm (see `ampft.benchmark.budget` for the policy)."""
 
     def __init__(self, run: _Run, arm: DictConfig, unmeasured: int):
-        self.run, self.arm, self.unmeasured = run, arm, unmeasured
+        self.run, self.b, self.name, self.unmeasured = run, run.b, arm.name, unmeasured
         self.first_steps = run.b.speed.warmup_steps + 2
         self.share = budget.SPEED_SHARE if run.acc_arms else 1.0
         self.is_base = arm.name == run.b.baseline
@@ -38,45 +38,44 @@ class SpeedPlan:
     def _reserve(self, step: float) -> float:
         """Room for the speed arms after this one: each at least its build, pilots, warm-up and probe (what is
         never cut before it is measured), estimated like this one's; the rest of theirs is cut to fit."""
-        pilot = self.run.pilots.get(self.arm.name, 0.0)
+        pilot = self.run.pilots.get(self.name, 0.0)
         return self.unmeasured * (self.run.build_seconds + 2 * pilot + self.first_steps * step)
 
+    def _vs_base(self) -> str:
+        ratio = self.run.ratios.get(self.name)
+        return f", {budget.slower(ratio, self.b.baseline)}" if ratio else ""
+
     def after_pilot(self, pilot: float, build_seconds: float) -> bool:
-        r, b, name = self.run, self.run.b, self.arm.name
+        r, b, name = self.run, self.b, self.name
         r.pilots[name], r.build_seconds = pilot, build_seconds
         pilot_batch = pilot_batch_size(b.batch_size)
         base_pilot, base_step = r.pilots.get(b.baseline), r.steps.get(b.baseline)
         if base_pilot and base_step and not self.is_base:
-            step = base_step * pilot / base_pilot
             r.ratios[name] = pilot / base_pilot
+            step = base_step * r.ratios[name]
         else:
             step = pilot * b.batch_size / pilot_batch  # no reference yet: linear in the batch
-        left, ratio = r.budget.left(self.share), r.ratios.get(name)
+        left = r.budget.left(self.share)
         log.info("  %s: pilot step (batch %d) %.2f s%s; warm-up and probe projected at ~%s", name, pilot_batch,
-                 pilot, f", {budget.slower(ratio, b.baseline)}" if ratio else "",
-                 budget.fmt_seconds(self.first_steps * step))
-        if self.is_base or budget.fit_after_pilot(left, step, self.first_steps, self._reserve(step)):
-            return True
-        r.budget.cut(name, "speed", "skipped", f"pilot steps at batch {pilot_batch} only ({pilot:.2f} s a step)",
-                     f"{r.slower(name, Mode.speed)} in its pilot steps: its warm-up and probe steps alone would "
-                     f"take ~{budget.fmt_seconds(self.first_steps * step)}, with {budget.fmt_seconds(left)} of "
-                     "speed mode's share of the budget left")
-        return False
+                 pilot, self._vs_base(), budget.fmt_seconds(self.first_steps * step))
+        if not (fits := self.is_base or budget.fit_after_pilot(left, step, self.first_steps, self._reserve(step))):
+            r.budget.cut(name, "speed", "skipped", f"pilot steps at batch {pilot_batch} only ({pilot:.2f} s a step)",
+                         f"{r.slower(name, Mode.speed)} in its pilot steps: its warm-up and probe steps alone would "
+                         f"take ~{budget.fmt_seconds(self.first_steps * step)}, with {budget.fmt_seconds(left)} of "
+                         "speed mode's share of the budget left")
+        return fits
 
     def after_probe(self, probe: list[float]) -> tuple[int, bool]:
-        r, b, name = self.run, self.run.b, self.arm.name
-        step = statistics.median(probe)
-        r.steps[name] = step
+        r, b, name = self.run, self.b, self.name
+        step = r.steps[name] = statistics.median(probe)
         if not self.is_base and b.baseline in r.steps:
             r.ratios[name] = step / r.steps[b.baseline]
-        more = b.speed.timed_steps - len(probe)
-        sweeping = r.sweeps(name)
+        more, sweeping = b.speed.timed_steps - len(probe), r.sweeps(name)
         sweep = budget.sweep_cost(step, b.batch_size, list(b.sweep.batch_sizes), b.sweep.steps) if sweeping else 0
         left, reserve = r.budget.left(self.share), self._reserve(step)
         n, do_sweep = budget.fit_after_probe(left, step, more, sweep, reserve)
-        log.info("  %s: probe step %.2f s%s; %d more timed steps%s", name, step,
-                 f", {budget.slower(r.ratios[name], b.baseline)}" if name in r.ratios else "",
-                 n, " and the memory sweep" if sweeping and do_sweep else "")
+        log.info("  %s: probe step %.2f s%s; %d more timed steps%s", name, step, self._vs_base(), n,
+                 " and the memory sweep" if sweeping and do_sweep else "")
         head = f"{name} (the baseline) on this {r.where}" if self.is_base else r.slower(name, Mode.speed)
         reason = (f"{head}: {budget.fmt_seconds(step)} a step; the rest of the arm would "
                   f"take ~{budget.fmt_seconds(more * step + sweep)}, with {budget.fmt_seconds(left - reserve)} "
@@ -192,12 +191,10 @@ def _accuracy_mode(run: _Run, res: dict, out_dir: Path) -> None:
     """The accuracy runs, seed by seed, each within the budget; res["accuracy"] is summarized after every run
     and the outputs written after every seed (marked partial)."""
     b, cfgs = run.b, run.cfgs
-    names = [a.name for a in run.acc_arms]
-    by_name = {a.name: a for a in run.acc_arms}
-    seeds = list(b.accuracy.seeds)
+    by_name, seeds, runs = {a.name: a for a in run.acc_arms}, list(b.accuracy.seeds), []
+    names = list(by_name)
     pending = budget.seed_major(names, seeds, b.baseline)
-    runs: list[dict] = []
-    flops_of: dict[str, tuple[int, float] | None] = {}
+    flops_of: dict[str, tuple[int, float] | None] = {}  # per model and data
     bound = _first_run_bound(run, cfgs[(Mode.accuracy.value, *pending[0])])
     if bound and bound[0] > run.budget.left():  # never without a budget: then left() is inf
         run.budget.cut(", ".join(names), "accuracy", "skipped", "no accuracy runs",
@@ -207,10 +204,9 @@ def _accuracy_mode(run: _Run, res: dict, out_dir: Path) -> None:
         pending = []
     while pending:
         per_run = run.per_run({a for a, _ in pending})
-        if per_run is not None and b.budget_minutes is not None:
-            pending = _cut_accuracy(run, pending, per_run, runs)
-            if not pending:
-                break
+        if per_run is not None and b.budget_minutes is not None and not (
+                pending := _cut_accuracy(run, pending, per_run, runs)):
+            break
         arm_name, seed = pending.pop(0)
         remaining = None if per_run is None else per_run[arm_name] + sum(per_run[a] for a, _ in pending)
         run.progress(f"accuracy run {len(runs) + 1}/{len(runs) + len(pending) + 1}: {arm_name}, seed {seed}",
@@ -225,9 +221,8 @@ def _accuracy_mode(run: _Run, res: dict, out_dir: Path) -> None:
                 record = run_seed(cfg, run_dir, arm_name, seed)
             record["other_cpu_share"] = other.share
         run.run_seconds.setdefault(arm_name, []).append(run.budget.elapsed() - tic)
-        key = OmegaConf.to_yaml(OmegaConf.masked_copy(cfg, ["model", "task"]))  # FLOPs per model and data
-        if key not in flops_of:  # between the timed runs
-            flops_of[key] = epoch_flops(cfg)
+        if (key := OmegaConf.to_yaml(OmegaConf.masked_copy(cfg, ["model", "task"]))) not in flops_of:
+            flops_of[key] = epoch_flops(cfg)  # between the timed runs
         if flops_of[key] and record.get("train_seconds"):
             record["train_examples"], per_epoch = flops_of[key]
             record["model_tflops"] = per_epoch * record["epochs"] / record["train_seconds"] / 1e12
@@ -252,17 +247,12 @@ def _finish(run: _Run, res: dict, out_dir: Path, partial: list[int] | None = Non
 
 
 def _first_run_bound(run: _Run, cfg: DictConfig) -> tuple[float, str] | None:
-    """An upper bound on the training time of the first accuracy run, from the baseline's speed-mode step time
-    scaled to the run's steps and batch (every row counted at full length); None where it cannot be known
-    (no speed-mode baseline, or a training set of unknown size)."""
-    step, tr = run.steps.get(run.b.baseline), cfg.trainer
-    if step is None:
-        return None
-    if tr.max_steps > 0:
-        steps = int(tr.max_steps)
-    elif cfg.task.max_train_samples:
-        steps = math.ceil(math.ceil(cfg.task.max_train_samples / tr.batch_size) / tr.grad_accum * tr.epochs)
-    else:
+    """(seconds, what) bounding the first accuracy run from the baseline's speed-mode step, every row at full
+    length; None without a speed-mode baseline or a known training-set size."""
+    step, tr, samples = run.steps.get(run.b.baseline), cfg.trainer, cfg.task.max_train_samples
+    steps = int(tr.max_steps) if tr.max_steps > 0 else samples and math.ceil(
+        math.ceil(samples / tr.batch_size) / tr.grad_accum * tr.epochs)
+    if step is None or not steps:
         return None
     rows = tr.batch_size * tr.grad_accum
     per_step = step * rows * cfg.task.max_length / (run.b.batch_size * run.b.seq_len)
@@ -275,27 +265,22 @@ def _cut_accuracy(run: _Run, pending: list[tuple[str, int]], per_run: dict[str, 
     b, left, all_seeds = run.b, run.budget.left(), list(run.b.accuracy.seeds)
     keep, drops = budget.plan_accuracy(left, pending, per_run, b.baseline, {r["seed"] for r in runs})
     for kind, what in drops:
-        if kind == "arm":
-            done = sorted(r["seed"] for r in runs if r["arm"] == what)
-            if what == b.baseline:
-                run.budget.cut(what, "accuracy", "shortened", f"seeds {done} of {all_seeds}",
-                               f"{what}: its remaining accuracy runs would compare with nothing once the other "
-                               "arms were skipped")
-            else:
-                n = sum(1 for a, _ in pending if a == what)
-                run.budget.cut(
-                    what, "accuracy", "shortened" if done else "skipped",
-                    f"seeds {done} of {all_seeds}" if done else "no accuracy runs",
-                    run.slower(what, Mode.accuracy) + (": speed measured, " if what in run.steps else ": ")
-                    + f"its {n} remaining accuracy runs would take ~{budget.fmt_seconds(n * per_run[what])}, "
-                    f"with {budget.fmt_seconds(left)} of the budget left")
+        done, n = sorted(r["seed"] for r in runs if r["arm"] == what), sum(1 for a, _ in pending if a == what)
+        if kind == "seed":
+            run.budget.cut(", ".join(a for a, s in pending if s == what), "accuracy", "shortened",
+                           f"seed {what} dropped", f"the remaining {len(pending)} accuracy runs would take "
+                           f"~{budget.fmt_seconds(sum(per_run[a] for a, _ in pending))}, with "
+                           f"{budget.fmt_seconds(left)} of the budget left, after the slowest arms were skipped")
+        elif what == b.baseline:
+            run.budget.cut(what, "accuracy", "shortened", f"seeds {done} of {all_seeds}",
+                           f"{what}: its remaining accuracy runs would compare with nothing once the other "
+                           "arms were skipped")
         else:
-            arms = [a for a, s in pending if s == what]
-            run.budget.cut(
-                ", ".join(arms), "accuracy", "shortened", f"seed {what} dropped",
-                f"the remaining {len(pending)} accuracy runs would take "
-                f"~{budget.fmt_seconds(sum(per_run[a] for a, _ in pending))}, with {budget.fmt_seconds(left)} of "
-                "the budget left, after the slowest arms were skipped")
+            run.budget.cut(what, "accuracy", "shortened" if done else "skipped",
+                           f"seeds {done} of {all_seeds}" if done else "no accuracy runs",
+                           run.slower(what, Mode.accuracy) + (": speed measured, " if what in run.steps else ": ")
+                           + f"its {n} remaining accuracy runs would take ~{budget.fmt_seconds(n * per_run[what])}, "
+                           f"with {budget.fmt_seconds(left)} of the budget left")
         pending = [p for p in pending if (p[0] if kind == "arm" else p[1]) != what]
     return keep
 
@@ -311,10 +296,10 @@ def _check_extras(b: DictConfig, cfgs: dict) -> None:
         check_installed(acc.task.metrics, key=f"benchmark.task={b.task}: task.metrics")
     except ConfigError as exc:
         problems += exc.problems
-    if len(b.accuracy.seeds) > 1:
-        try:
+    try:
+        if len(b.accuracy.seeds) > 1:
             stats._t_ppf(0.975, 1)
-        except MissingExtraError as exc:
-            problems.append(f"benchmark.accuracy.seeds={list(b.accuracy.seeds)}: {exc}")
+    except MissingExtraError as exc:
+        problems.append(f"benchmark.accuracy.seeds={list(b.accuracy.seeds)}: {exc}")
     if problems:
         raise BenchmarkConfigError(problems)

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import gc
 import inspect
 import logging
+import re
 import statistics
 import time
 from pathlib import Path
@@ -22,6 +24,7 @@ from ampft.benchmark.config import BenchmarkConfigError
 from ampft.benchmark.flops import model_flops_per_token
 from ampft.engine import Training, train_step
 from ampft.finetune import build, reset_accelerate
+from ampft.tracking import peak_memory_bytes
 
 log = logging.getLogger(__name__)
 
@@ -31,43 +34,39 @@ def synthetic_batches(n: int, batch_size: int, seq_len: int, vocab_size: int, nu
     """n batches of random ids (from the ordinary vocabulary range), deterministic in `seed`."""
     g = torch.Generator().manual_seed(seed)
     low = 1000 if vocab_size > 2000 else 1  # above BERT's [PAD]/[unused]/special ids
-    batches = []
-    for _ in range(n):
-        b = dict(
-            input_ids=torch.randint(low, vocab_size, (batch_size, seq_len), generator=g),
-            attention_mask=torch.ones(batch_size, seq_len, dtype=torch.long),
-            labels=(torch.rand(batch_size, generator=g) if regression
-                    else torch.randint(0, num_labels, (batch_size,), generator=g)),
-        )
-        if token_type_ids:
-            b["token_type_ids"] = torch.zeros(batch_size, seq_len, dtype=torch.long)
-        batches.append({k: v.to(device) for k, v in b.items()})
-    return batches
+    ones = torch.ones(batch_size, seq_len, dtype=torch.long)
+    batches = [dict(input_ids=torch.randint(low, vocab_size, (batch_size, seq_len), generator=g), attention_mask=ones,
+                    labels=torch.rand(batch_size, generator=g) if regression
+                    else torch.randint(0, num_labels, (batch_size,), generator=g),
+                    **({"token_type_ids": torch.zeros_like(ones)} if token_type_ids else {})) for _ in range(n)]
+    return [{k: v.to(device) for k, v in b.items()} for b in batches]
 
 
 # --- memory ---------------------------------------------------------------------------------------
 
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def _vm(field: str) -> int | None:
     """A /proc/self/status field in bytes; None where it cannot be read."""
-    with contextlib.suppress(OSError), open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
+    with contextlib.suppress(OSError):
+        m = re.search(rf"^{field}:\s+(\d+)", Path("/proc/self/status").read_text(), re.MULTILINE)
+        return int(m.group(1)) * 1024 if m else None
     return None
 
 
 def reset_peak(device: torch.device) -> bool:
     """Start a new peak-memory window; False where the CPU peak cannot be reset (it is then the process's)."""
     if device.type == "cuda":
-        torch.cuda.synchronize(device)
+        _sync(device)
         torch.cuda.reset_peak_memory_stats(device)
         return True
-    try:  # Linux: "5" resets the peak RSS (VmHWM) to the current RSS
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
+    with contextlib.suppress(OSError):  # Linux: "5" resets the peak RSS (VmHWM) to the current RSS
+        Path("/proc/self/clear_refs").write_text("5")
         return True
-    except OSError:
-        return False
+    return False
 
 
 def memory_now(device: torch.device) -> dict[str, int | None]:
@@ -79,13 +78,11 @@ def memory_now(device: torch.device) -> dict[str, int | None]:
 
 def memory_peak(device: torch.device) -> dict[str, int | None]:
     if device.type == "cuda":
-        torch.cuda.synchronize(device)
+        _sync(device)
         return dict(peak_allocated_bytes=torch.cuda.max_memory_allocated(device),
                     peak_reserved_bytes=torch.cuda.max_memory_reserved(device))
-    import resource
-
-    hwm = _vm("VmHWM")
-    return dict(peak_rss_bytes=hwm if hwm is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    hwm = _vm("VmHWM")  # not Linux: the process's peak
+    return dict(peak_rss_bytes=hwm if hwm is not None else peak_memory_bytes(device)[0])
 
 
 def free(device: torch.device) -> None:
@@ -99,11 +96,6 @@ def free(device: torch.device) -> None:
 
 
 # --- one arm --------------------------------------------------------------------------------------
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
 
 def _run_steps(training: Training, batches: list[dict]) -> tuple[list[float], list[torch.Tensor], int]:
     """One optimizer step a batch (speed mode has trainer.grad_accum=1), timed between device synchronisations:
@@ -143,8 +135,8 @@ def sweep_batch_sizes(try_size, batch_sizes: list[int], until_oom: bool, max_bat
 
 
 def _sweep(training: Training, sweep: DictConfig, make_batches, seq_len: int) -> list[dict]:
-    """Peak memory per batch size on the arm's own model and optimizer. Only CUDA doubles until out of memory
-    (sweep.until_oom): a CPU swaps rather than running out cleanly."""
+    """Peak memory per batch size on the arm's own model and optimizer; only CUDA doubles until out of memory
+    (a CPU swaps rather than running out cleanly)."""
     device = training.accelerator.device
 
     def try_size(bs: int) -> dict | None:
@@ -176,52 +168,42 @@ def _fmt_mem(m: dict) -> str:
 
 
 def pilot_batch_size(batch_size: int) -> int:
-    """The budget's pilot batch: a quarter of the arm's, big enough for the arithmetic (not the per-step overhead)
-    to decide its time, cheap on an arm that crawls."""
+    """A quarter of the arm's batch: the arithmetic, not per-step overhead, decides its time; cheap on a crawl."""
     return max(1, batch_size // 4)
 
 
 def measure_arm(cfg: DictConfig, run_dir: Path, warmup_steps: int, timed_steps: int, seed: int,
                 sweep: DictConfig | None = None, plan=None) -> dict:
-    """Build one arm, time its steps, measure its memory (and sweep batch sizes); free everything.
-
-    plan (`ampft.benchmark.runner.SpeedPlan`; None: everything runs) first sees the second of two pilot steps at
-    `pilot_batch_size` (`after_pilot`; False: only the pilot is returned, `skipped=True`), then the probe: the
-    warm-up and two timed steps (`after_probe`: how many timed steps to add, and whether to sweep)."""
+    """Build one arm, time its steps, measure its memory (and sweep batch sizes); free everything. plan
+    (`runner.SpeedPlan`; None: everything runs) decides after the pilot steps and after the probe (the budget)."""
     tic = time.perf_counter()
     training, _, ran_precision = build(cfg, Path(run_dir))
     built = time.perf_counter() - tic
+    acc, device = training.accelerator, training.accelerator.device
     try:
-        acc, device = training.accelerator, training.accelerator.device
         model = acc.unwrap_model(training.model)
         requested, bs, seq_len = cfg.precision.name.value, int(cfg.trainer.batch_size), int(cfg.task.max_length)
-        accepts_types = "token_type_ids" in inspect.signature(model.forward).parameters
-        regression = model.config.problem_type == "regression"
-
-        def make_batches(n: int, batch_size: int) -> list[dict]:
-            return synthetic_batches(n, batch_size, seq_len, model.config.vocab_size, model.config.num_labels,
-                                     seed, device, accepts_types, regression)
-
+        make_batches = functools.partial(  # (n, batch_size) -> batches
+            synthetic_batches, seq_len=seq_len, vocab_size=model.config.vocab_size, num_labels=model.config.num_labels,
+            seed=seed, device=device, token_type_ids="token_type_ids" in inspect.signature(model.forward).parameters,
+            regression=model.config.problem_type == "regression")
         training.model.train()
         free(device)
         after_build = memory_now(device)
-        pilot = None
-        if plan is not None:  # the first step pays one-time costs (kernels, allocator): time the second
-            pilot = _run_steps(training, make_batches(2, pilot_batch_size(bs)))[0][1]
-            if not plan.after_pilot(pilot, built):
-                return dict(skipped=True, pilot_step_seconds=pilot, precision=ran_precision,
-                            precision_requested=requested, batch_size=bs, seq_len=seq_len)
+        # the first step pays one-time costs (kernels, allocator): time the second
+        pilot = _run_steps(training, make_batches(2, pilot_batch_size(bs)))[0][1] if plan is not None else None
+        head = dict(precision=ran_precision, precision_requested=requested, batch_size=bs, seq_len=seq_len,
+                    pilot_step_seconds=pilot)
+        if plan is not None and not plan.after_pilot(pilot, built):
+            return dict(head, skipped=True)
         batches = make_batches(warmup_steps + timed_steps, bs)
         peak_reset = reset_peak(device)
         try:
             probe = min(warmup_steps + 2, len(batches))
             seconds, losses, skipped = _run_steps(training, batches[:probe])
-            more, do_sweep = timed_steps - (probe - warmup_steps), True
-            if plan is not None:
-                more, do_sweep = plan.after_probe(seconds[warmup_steps:])
-            if more:
-                s2, l2, k2 = _run_steps(training, batches[probe:probe + more])
-                seconds, losses, skipped = seconds + s2, losses + l2, skipped + k2
+            more, do_sweep = plan.after_probe(seconds[warmup_steps:]) if plan else (len(batches) - probe, True)
+            s2, l2, k2 = _run_steps(training, batches[probe:probe + more])
+            seconds, losses, skipped = seconds + s2, losses + l2, skipped + k2
         except RuntimeError as exc:
             if not is_oom(exc):
                 raise
@@ -231,35 +213,20 @@ def measure_arm(cfg: DictConfig, run_dir: Path, warmup_steps: int, timed_steps: 
         peak = memory_peak(device)
         del batches
         result = dict(
-            precision=ran_precision,
-            precision_requested=requested,
-            attn_implementation=model.config._attn_implementation,
-            model=cfg.model.name,
-            pretrained=bool(cfg.model.pretrained),
-            batch_size=bs,
-            seq_len=seq_len,
-            device=str(device),
-            build_seconds=built,
-            pilot_step_seconds=pilot,
-            timed_steps_planned=timed_steps,
-            warmup_step_seconds=seconds[:warmup_steps],
-            step_seconds=seconds[warmup_steps:],
-            losses=torch.stack(losses).float().tolist(),
-            skipped_steps=skipped,
-            loss_scale=acc.scaler.get_scale() if acc.scaler is not None else None,
-            memory_after_build=after_build,
-            memory_peak=peak,
-            peak_window="timed+warmup steps" if peak_reset else "process lifetime (reset not supported)",
-            **model_flops_per_token(model, seq_len),
-        )
+            head, attn_implementation=model.config._attn_implementation, model=cfg.model.name,
+            pretrained=bool(cfg.model.pretrained), device=str(device), build_seconds=built, timed_steps_planned=timed_steps,
+            warmup_step_seconds=seconds[:warmup_steps], step_seconds=seconds[warmup_steps:],
+            losses=torch.stack(losses).float().tolist(), skipped_steps=skipped,
+            loss_scale=acc.scaler.get_scale() if acc.scaler is not None else None, memory_after_build=after_build,
+            memory_peak=peak, peak_window="timed+warmup steps" if peak_reset else "process lifetime (reset not supported)",
+            **model_flops_per_token(model, seq_len))
         log.info("  %s: median step %.3f s, %s", requested, statistics.median_high(result["step_seconds"]),
                  _fmt_mem(peak))
         result["sweep"] = _sweep(training, sweep, make_batches, seq_len) if sweep is not None and do_sweep else []
         return result
     finally:
         training.tracker.close()
-        training.accelerator.free_memory()
-        device = training.accelerator.device
-        del training
+        acc.free_memory()
+        del training, acc
         reset_accelerate()
         free(device)

@@ -1,13 +1,8 @@
 """An accuracy run in its own process (`python -m ampft.benchmark.trainer SPEC OUT`, started by
-`accuracy.run_isolated`): the spec holds the runner, the arm, its resolved finetune config and its directory;
-the run's record goes to OUT as JSON, with a torch.profiler window (`profile.StepProfiler`) under `profile`
-when the spec asks for `profile_steps`.
-
-- `run_trainer`: a run_glue-style script. `transformers.Trainer` with the same weights, examples (ampft's
-  loader), batch size, learning rate, epochs, warm-up, weight decay, gradient clipping, seed and precision;
-  `trainer.padding` (max_length: run_glue's `pad_to_max_length`; longest: `DataCollatorWithPadding`, to a
-  multiple of 8 under fp16 only, as run_glue does), `trainer.group_by_length` and `trainer.compile`; the
-  Trainer's defaults otherwise. Its record has `accuracy.run_seed`'s keys (ampft's side).
+`accuracy.run_isolated`): the spec holds the runner, the arm, its resolved finetune config, its directory and
+`profile_steps` (a `profile.StepProfiler` window, under `profile`); the run's record goes to OUT as JSON.
+`run_trainer` is the run_glue-style Trainer script (what it shares with ampft: docs/benchmarks/README.md,
+"Arms"); its record has `accuracy.run_seed`'s keys.
 """
 
 from __future__ import annotations
