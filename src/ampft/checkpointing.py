@@ -1,18 +1,9 @@
 """Save, verify, find, rotate, resume, restore the best and export checkpoints.
 
-A checkpoint is `accelerator.save_state` plus `train_state.json`, the resolved `config.yaml` and the model's
-`config.json`, written into `checkpoints/step_<N>.tmp`, fsynced, and renamed to `step_<N>` only once complete;
-its `manifest.json` (step, metric, lineage, run id, world size, data digest, every file's size and SHA-256,
-sealed by a checksum of its own) is written last. A crash never leaves a half-written `step_<N>`; a checkpoint
-that differs from its manifest in any byte is never loaded, and `latest` falls back, saying what it skipped.
-
-Order: every manifest has `seq` (one more than the run dir's highest) and `parent` (the previous save, or the
-checkpoint resumed from); `checkpoints/line.json` (`mark_line`) records where a run's line starts. The line
-going on is the chain of parents from the newest of the saves and that marker; checkpoints off it rank before
-it, oldest first. `latest` is the newest of the line that verifies; rotation deletes from the front.
-
-Health: a checkpoint's weights are judged by the losses of the first update trained from them
-(`record_health`); a diverged one is never `latest`, never best, and rotation keeps the newest known-good one.
+A checkpoint is `accelerator.save_state` plus `train_state.json`, `config.yaml`, the model's `config.json` and,
+written last, a sealed `manifest.json` (sizes, SHA-256, lineage); it is complete or absent, every byte is checked
+before a load, and `latest` and rotation follow the line of training going on (`checkpoints/line.json`, `seq`,
+`parent`) and the health verdicts: docs/architecture.md, "A checkpoint is complete or absent" and after.
 """
 
 from __future__ import annotations
@@ -57,28 +48,20 @@ NOT_ON_RESUME = {
     "trainer.seed": "a resume goes on with the checkpoint's random states (dropout masks, data order); a seed only "
                     "starts a run: start a new run for another seed",
 }
-DEEPSPEED_SCALER = ("precision.init_scale", "precision.growth_factor", "precision.backoff_factor",
-                    "precision.growth_interval", "precision.hysteresis", "precision.static_scale")
-
-
-def _step(path: Path) -> int:
-    return int(STEP_DIR.match(path.name).group(1))
+DEEPSPEED_SCALER = dict.fromkeys(("precision.init_scale", "precision.growth_factor", "precision.backoff_factor",
+                                  "precision.growth_interval", "precision.hysteresis", "precision.static_scale"),
+                                 "DeepSpeed restores its fp16 loss scaler from its own checkpoint files, whatever "
+                                 "the config says")
 
 
 def data_digests(config: dict[str, Any]) -> dict[str, str | None]:
     """The local training file's content digest by config key, so a resume can check it trains on the same
     data (None: unreadable now)."""
-    path = config["task"].get("train_file")
-    if path is None:
+    if (path := config["task"].get("train_file")) is None:
         return {}
-    try:
+    with contextlib.suppress(OSError):
         return {"task.train_file": file_digest(path)}
-    except OSError:
-        return {"task.train_file": None}
-
-
-def config_hash(config: dict[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return {"task.train_file": None}
 
 
 def digests(folder: Path, names: list[str], sync: bool = False) -> dict[str, str]:
@@ -92,21 +75,23 @@ def _seal(body: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(rest, sort_keys=True).encode()).hexdigest()
 
 
+def manifest(path: Path) -> dict[str, Any]:
+    return json.loads((Path(path) / MANIFEST).read_text())
+
+
 def write_manifest(folder: Path, body: dict[str, Any]) -> None:
     """Write a checkpoint's manifest with its seal, atomically and durably (never a torn one)."""
-    body = {**{k: v for k, v in body.items() if k != SEAL}, SEAL: _seal(body)}
-    files.write_atomic(Path(folder) / MANIFEST, json.dumps(body, indent=2))
+    files.write_atomic(Path(folder) / MANIFEST, json.dumps({**body, SEAL: _seal(body)}, indent=2))
 
 
 def verify(path: Path, content: bool = True) -> list[str]:
     """What is wrong with a checkpoint folder (empty: as its manifest says). content=False checks presence and
     sizes only (cheap, for listing), True also every checksum; the manifest's seal is checked either way."""
-    manifest = path / MANIFEST
-    if not manifest.is_file():
+    if not (path / MANIFEST).is_file():
         return [f"no {MANIFEST} (an interrupted or foreign save)"]
     try:
-        body = json.loads(manifest.read_text())
-        files, sums = body["files"], body.get(HASH)
+        body = manifest(path)
+        listed, sums = body["files"], body.get(HASH)
     except (ValueError, KeyError, TypeError) as exc:
         return [f"unreadable {MANIFEST}: {exc}"]
     if SEAL not in body:
@@ -115,59 +100,80 @@ def verify(path: Path, content: bool = True) -> list[str]:
         return [f"{MANIFEST} does not match its own {SEAL} (edited or corrupted after the save): its step, lineage "
                 "and checksums cannot be trusted"]
     problems = []
-    for name, size in files.items():
-        f = path / name
-        if not f.is_file():
+    for name, size in listed.items():
+        if not (f := path / name).is_file():
             problems.append(f"{name} is missing")
         elif f.stat().st_size != size:
             problems.append(f"{name} is {f.stat().st_size} bytes, the manifest says {size}")
     for f in sorted(path.rglob("*")):
-        name = str(f.relative_to(path))
-        if f.is_file() and name not in (MANIFEST, MANIFEST + ".tmp") and name not in files:
+        if f.is_file() and (name := str(f.relative_to(path))) not in (MANIFEST, MANIFEST + ".tmp", *listed):
             why = "a pickle, which ampft never loads" if PICKLE.match(f.name) else "not in the manifest"
             problems.append(f"unexpected file {name} ({why})")
     if content and not problems:
-        if not isinstance(sums, dict) or set(sums) != set(files):
+        if not isinstance(sums, dict) or set(sums) != set(listed):
             problems.append(f"the manifest has no {HASH} checksums (written by an older ampft): its content "
                             "cannot be checked")
         else:
             problems += [f"{name} does not match its {HASH} checksum (corrupted: same size, other bytes)"
-                         for name, got in digests(path, sorted(files)).items() if got != sums[name]]
+                         for name, got in digests(path, sorted(listed)).items() if got != sums[name]]
     return problems
 
 
-def _lines(good: list[Path], start: dict[str, Any] | None = None) -> tuple[list[Path], list[Path]]:
-    """(checkpoints off the line going on, oldest first; the line going on, from its start). A marker `start`
-    newer than every save means a run started from its `parent` and has not saved yet: the line ends there."""
-    info = {p: manifest(p) for p in good}
-    by_seq = sorted(good, key=lambda p: (info[p].get("seq", 0), info[p].get("created", 0), _step(p)))
-    if not by_seq:
-        return [], []
-    names = {p.name: p for p in good}
-    if start is not None and start.get("seq", 0) > info[by_seq[-1]].get("seq", 0):
-        line, parent = [], start.get("parent")
-    else:
-        line, parent = [by_seq[-1]], info[by_seq[-1]].get("parent")
-    while parent and (p := names.get(parent.get("name"))) is not None and info[p].get("seq") == parent.get("seq") \
+def scan(run_dir: Path, content: bool = False) -> tuple[list[Path], list[Path], list[tuple[Path, str]]]:
+    """(complete checkpoints off the line going on, oldest first; the line going on, from its start; [(skipped
+    folder, why)]). The line is traced through every sealed manifest, damaged files or not: a damaged newest
+    save still ends the line at its parent, not at another line's. A line marker newer than every save means a
+    run started from its `parent` and has not saved yet: the line ends there."""
+    root = Path(run_dir) / "checkpoints"
+    good, sealed, skipped = [], {}, []
+    for p in sorted(root.glob("step_*")):
+        if not STEP_DIR.match(p.name):
+            skipped.append((p, "an unfinished save or deletion (temporary folder)"))
+            continue
+        with contextlib.suppress(ValueError, OSError, AttributeError):  # unreadable, torn or not a JSON object
+            if (body := manifest(p)).get(SEAL) == _seal(body):
+                sealed[p] = body
+        if problems := verify(p, content):
+            skipped.append((p, "; ".join(problems)))
+        else:
+            good.append(p)
+    by_seq = sorted(sealed, key=lambda p: (sealed[p].get("seq", 0), sealed[p].get("created", 0), int(p.name[5:])))
+    start, line, parent = _line_start(root), [], None
+    if by_seq and start is not None and start.get("seq", 0) > sealed[by_seq[-1]].get("seq", 0):
+        parent = start.get("parent")
+    elif by_seq:
+        line, parent = [by_seq[-1]], sealed[by_seq[-1]].get("parent")
+    names = {p.name: p for p in sealed}
+    while parent and (p := names.get(parent.get("name"))) is not None and sealed[p].get("seq") == parent.get("seq") \
             and p not in line:
         line.append(p)
-        parent = info[p].get("parent")
-    return [p for p in by_seq if p not in line], line[::-1]
+        parent = sealed[p].get("parent")
+    return [p for p in by_seq if p in good and p not in line], [p for p in line[::-1] if p in good], skipped
+
+
+def checkpoints(run_dir: Path) -> list[Path]:
+    """Complete checkpoints (sizes checked) in timeline order: the last is the newest of the line going on."""
+    off, line, _ = scan(run_dir)
+    return off + line
 
 
 def _line_start(root: Path) -> dict[str, Any] | None:
     """The line marker of `root` (checkpoints/), or None (none, or unreadable: then the newest save decides)."""
-    path = root / LINE
-    if not path.is_file():
+    if not (path := root / LINE).is_file():
         return None
-    try:
-        body = json.loads(path.read_text())
-        if isinstance(body, dict) and isinstance(body.get("seq"), int):
+    with contextlib.suppress(ValueError, OSError):
+        if isinstance(body := json.loads(path.read_text()), dict) and isinstance(body.get("seq"), int):
             return body
-    except (ValueError, OSError):
-        pass
     log.warning("%s is unreadable: ignored (the newest checkpoint decides the line going on)", path)
     return None
+
+
+def _next_seq(root: Path) -> int:
+    seqs = [0, (_line_start(root) or {}).get("seq", 0)]
+    for p in root.glob("step_*/" + MANIFEST):
+        with contextlib.suppress(ValueError, OSError, TypeError, AttributeError):  # a foreign or torn manifest
+            seqs.append(int(json.loads(p.read_text()).get("seq", 0)))
+    return max(seqs) + 1
 
 
 def mark_line(run_dir: Path, start: Path | None, run_id: str | None) -> None:
@@ -176,59 +182,10 @@ def mark_line(run_dir: Path, start: Path | None, run_id: str | None) -> None:
     root = Path(run_dir) / "checkpoints"
     if not any(root.glob("step_*")):
         return
-    parent = None
-    if start is not None and Path(start).parent.resolve() == root.resolve():
-        parent = {"name": Path(start).name, "seq": manifest(start).get("seq", 0)}
+    on_line = start is not None and Path(start).parent.resolve() == root.resolve()
+    parent = {"name": Path(start).name, "seq": manifest(start).get("seq", 0)} if on_line else None
     body = {"seq": _next_seq(root), "parent": parent, "run_id": run_id, "created": time.time()}
     files.write_atomic(root / LINE, json.dumps(body, indent=1))
-
-
-def _sealed(path: Path) -> bool:
-    try:
-        body = manifest(path)
-        return isinstance(body, dict) and body.get(SEAL) == _seal(body)
-    except (ValueError, OSError):
-        return False
-
-
-def _scan(run_dir: Path, content: bool) -> tuple[list[Path], list[Path], list[tuple[Path, str]]]:
-    """(off the line, on the line, [(skipped folder, why)]). The line is traced through every sealed manifest,
-    damaged files or not: a damaged newest save still ends the line at its parent, not at another line's."""
-    root = Path(run_dir) / "checkpoints"
-    good, placed, skipped = [], [], []
-    for p in sorted(root.glob("step_*")):
-        if not STEP_DIR.match(p.name):
-            skipped.append((p, "an unfinished save or deletion (temporary folder)"))
-            continue
-        if _sealed(p):
-            placed.append(p)
-        if problems := verify(p, content):
-            skipped.append((p, "; ".join(problems)))
-        else:
-            good.append(p)
-    off, line = _lines(placed, _line_start(root))
-    return [p for p in off if p in good], [p for p in line if p in good], skipped
-
-
-def lines(run_dir: Path) -> tuple[list[Path], list[Path]]:
-    """(complete checkpoints off the line going on, oldest first; the line going on, from its start)."""
-    off, line, _ = _scan(run_dir, content=False)
-    return off, line
-
-
-def scan(run_dir: Path, content: bool = False) -> tuple[list[Path], list[tuple[Path, str]]]:
-    """(complete checkpoints in timeline order, oldest first; [(skipped folder, why)])."""
-    off, line, skipped = _scan(run_dir, content)
-    return off + line, skipped
-
-
-def checkpoints(run_dir: Path) -> list[Path]:
-    """Complete checkpoints (sizes checked) in timeline order: the last is the newest of the line going on."""
-    return scan(run_dir)[0]
-
-
-def manifest(path: Path) -> dict[str, Any]:
-    return json.loads((Path(path) / MANIFEST).read_text())
 
 
 def healthy(path: Path) -> bool | None:
@@ -240,9 +197,7 @@ def healthy(path: Path) -> bool | None:
 def record_health(path: Path, ok: bool, loss: float | None, step: int, why: str | None = None) -> None:
     """Record the verdict in the manifest (main process): `loss`, the mean loss of the first update trained
     from these weights, in optimizer step `step`."""
-    body = manifest(path)
-    body["health"] = {"ok": ok, "loss": loss, "step": step, "why": why}
-    write_manifest(path, body)
+    write_manifest(path, {**manifest(path), "health": {"ok": ok, "loss": loss, "step": step, "why": why}})
 
 
 def known_good(path: Path | None) -> Path | None:
@@ -284,23 +239,6 @@ def _remove(path: Path) -> None:
     _delete(aside)
 
 
-def _next_seq(root: Path) -> int:
-    seqs = [0, (_line_start(root) or {}).get("seq", 0)]
-    for p in root.glob("step_*/" + MANIFEST):
-        with contextlib.suppress(ValueError, OSError, TypeError, AttributeError):  # a foreign or torn manifest
-            seqs.append(int(json.loads(p.read_text()).get("seq", 0)))
-    return max(seqs) + 1
-
-
-def _bytes_needed(run_dir: Path, accelerator: Accelerator) -> int:
-    """About what one checkpoint takes: the newest one's size, else weights + AdamW's two fp32 moments."""
-    found = checkpoints(run_dir)
-    if found:
-        return sum(manifest(found[-1])["files"].values())
-    params = [p for m in accelerator._models for p in m.parameters()]
-    return sum(p.numel() * p.element_size() + 8 * p.numel() for p in params)
-
-
 def save(accelerator: Accelerator, run_dir: Path, step: int, info: dict[str, Any], state: dict[str, Any],
          config: dict[str, Any], model_config, keep_last: int, keep_best: int = 0, mode: str = "max",
          parent: Path | None = None, scheduler=None, run_id: str | None = None) -> Path:
@@ -308,7 +246,7 @@ def save(accelerator: Accelerator, run_dir: Path, step: int, info: dict[str, Any
     failed write (a full disk) leaves the earlier checkpoints as they were."""
     root = Path(run_dir) / "checkpoints"
     final = root / f"step_{step}"
-    tmp = final.with_name(final.name + ".tmp")
+    tmp, aside = final.with_name(final.name + ".tmp"), final.with_name(final.name + ".deleting")
     if accelerator.is_main_process:
         root.mkdir(parents=True, exist_ok=True)
         clean(root)
@@ -323,34 +261,36 @@ def save(accelerator: Accelerator, run_dir: Path, step: int, info: dict[str, Any
             (tmp / "config.yaml").write_text(OmegaConf.to_yaml(config))
             model_config.to_json_file(tmp / "config.json")  # the architecture, to evaluate this checkpoint alone
             names = [str(p.relative_to(tmp)) for p in sorted(tmp.rglob("*")) if p.is_file()]
-            sums = digests(tmp, names, sync=True)  # read back and flushed to disk
             lineage = None
             if parent is not None and (Path(parent) / MANIFEST).is_file():
                 lineage = {"name": Path(parent).name, "seq": manifest(parent).get("seq", 0)}
-            body = {"step": step, **info, "config_hash": config_hash(config), "created": time.time(),
-                    "seq": _next_seq(root), "parent": lineage, "run_id": run_id, "health": None,
-                    "world_size": accelerator.num_processes, "data": data_digests(config),
-                    "files": {n: (tmp / n).stat().st_size for n in names}, HASH: sums}
-            write_manifest(tmp, body)  # written last: its presence means complete
+            config_hash = hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:16]
+            write_manifest(tmp, {  # written last: its presence means complete
+                "step": step, **info, "config_hash": config_hash, "created": time.time(), "seq": _next_seq(root),
+                "parent": lineage, "run_id": run_id, "health": None, "world_size": accelerator.num_processes,
+                "data": data_digests(config), "files": {n: (tmp / n).stat().st_size for n in names},
+                HASH: digests(tmp, names, sync=True)})  # read back and flushed to disk
     except Exception as exc:
         if accelerator.is_main_process:
             shutil.rmtree(tmp, ignore_errors=True)
+        found = checkpoints(run_dir)  # about what one takes: the newest one, else weights + AdamW's fp32 moments
+        need = sum(manifest(found[-1])["files"].values()) if found else \
+            sum(p.numel() * (p.element_size() + 8) for m in accelerator._models for p in m.parameters())
         raise CheckpointError(
             f"could not write checkpoint {final.name} into run dir {run_dir}: {type(exc).__name__}: {exc}\n"
-            + _space(exc, root, _bytes_needed(run_dir, accelerator), "a checkpoint needs") + "\n"
-            f"  The earlier checkpoints are intact: {[p.name for p in checkpoints(run_dir)] or 'none'}. Free "
+            + _space(exc, root, need, "a checkpoint needs") + "\n"
+            f"  The earlier checkpoints are intact: {[p.name for p in found] or 'none'}. Free "
             "some space (or lower checkpoint.keep_last) and resume with checkpoint.resume=latest."
         ) from exc
     if accelerator.is_main_process:
-        replaced = None
-        if final.exists():  # the same step of an abandoned line: replaced only once the new one is complete
-            replaced = final.with_name(final.name + ".deleting")
-            final.rename(replaced)
+        replacing = final.exists()  # the same step of an abandoned line: replaced only once the new one is complete
+        if replacing:
+            final.rename(aside)
         tmp.rename(final)
         files.fsync_dir(root)
-        if replaced is not None:
-            _delete(replaced)
-        off, line = lines(run_dir)
+        if replacing:
+            _delete(aside)
+        off, line, _ = scan(run_dir)
         for old in rotate(off + line, keep_last, keep_best, mode, line, run_id):
             _remove(old)
         log.info("checkpoint saved: %s", final)
@@ -358,15 +298,11 @@ def save(accelerator: Accelerator, run_dir: Path, step: int, info: dict[str, Any
     return final
 
 
-def _metric(path: Path) -> float | None:
-    m = manifest(path).get("metric")
-    return None if m is None else m["value"]
-
-
 def best(found: list[Path], mode: str, k: int = 1) -> list[Path]:
     """The k best by recorded metric (none without one, none whose weights diverged)."""
-    scored = [p for p in found if _metric(p) is not None and healthy(p) is not False]
-    return sorted(scored, key=lambda p: _metric(p), reverse=mode == "max")[:k]
+    scored = {p: v for p in found
+              if (v := (manifest(p).get("metric") or {}).get("value")) is not None and healthy(p) is not False}
+    return sorted(scored, key=scored.get, reverse=mode == "max")[:k]
 
 
 def of_run(found: list[Path], run_id: str | None) -> list[Path]:
@@ -379,11 +315,10 @@ def restore_best(accelerator: Accelerator, run_dir: Path, mode: str, run_id: str
     None: none has a metric and verifies. The training state is not touched."""
     found = of_run(checkpoints(run_dir), run_id)
     for path in best(found, mode, k=len(found)):
-        if problems := verify(path):
-            log.warning("not exporting %s, the best checkpoint by its metric: %s", path, "; ".join(problems))
-            continue
-        load(accelerator, path)
-        return path
+        if not (problems := verify(path)):
+            load(accelerator, path)
+            return path
+        log.warning("not exporting %s, the best checkpoint by its metric: %s", path, "; ".join(problems))
     return None
 
 
@@ -392,11 +327,19 @@ def rotate(found: list[Path], keep_last: int, keep_best: int, mode: str, line: l
     """Checkpoints to delete: all but the last `keep_last` of `found` (timeline order), the best `keep_best` of
     run `run_id` and the newest known good of `line` (default `found`): that one is where a divergence sends
     the user back to."""
-    line = found if line is None else line
     keep = set(found[-keep_last:]) | set(best(of_run(found, run_id), mode, keep_best) if keep_best else [])
-    good = [p for p in line if healthy(p)]
-    keep |= set(good[-1:])
+    keep |= set([p for p in (found if line is None else line) if healthy(p)][-1:])
     return [p for p in found if p not in keep]
+
+
+def _refusal(path: Path) -> list[str]:
+    """Why a checkpoint cannot be resumed from (empty: it can): it does not verify, or its weights diverged."""
+    if (problems := verify(path)) or healthy(path) is not False:
+        return problems
+    h = manifest(path)["health"]
+    loss = "" if h.get("loss") is None else f", {h['loss']:.4g}"
+    return [f"its weights diverged (the loss they produced in step {h['step']}{loss} failed the divergence check: "
+            f"{h['why']}); resume from the checkpoint the divergence message named"]
 
 
 def resolve_resume(run_dir: Path, resume: str | None) -> Path | None:
@@ -405,40 +348,27 @@ def resolve_resume(run_dir: Path, resume: str | None) -> Path | None:
     if resume is None:
         return None
     if resume == "latest":
-        off, good, skipped = _scan(run_dir, content=False)
+        off, line, skipped = scan(run_dir)
         for path in off:
             log.info("checkpoint.resume=latest: not %s: off the line of training going on (an abandoned line, or a "
                      "previous run's)", path)
         chosen = None
-        for path in reversed(good):
-            if problems := verify(path, content=True):
-                skipped.append((path, "; ".join(problems)))
-            elif healthy(path) is False:
-                skipped.append((path, _unhealthy(path)))
-            else:
+        for path in reversed(line):
+            if not (problems := _refusal(path)):
                 chosen = path
                 break
+            skipped.append((path, "; ".join(problems)))
         for path, why in skipped:
             log.warning("checkpoint.resume=latest: skipping %s: %s", path, why)
         return chosen
     path = Path(resume)
-    problems = verify(path) if path.is_dir() else ["no such folder"]
-    if not problems and healthy(path) is False:
-        problems = [_unhealthy(path)]
-    if problems:
+    if problems := _refusal(path) if path.is_dir() else ["no such folder"]:
         raise CheckpointError(
             f"checkpoint.resume={resume} cannot be loaded: {'; '.join(problems)}. "
             f"Complete checkpoints of this run: {[str(p) for p in checkpoints(run_dir)] or 'none'} "
             "(or checkpoint.resume=latest)."
         )
     return path
-
-
-def _unhealthy(path: Path) -> str:
-    h = manifest(path)["health"]
-    loss = "" if h.get("loss") is None else f", {h['loss']:.4g}"
-    return (f"its weights diverged (the loss they produced in step {h['step']}{loss} failed the divergence check: "
-            f"{h['why']}); resume from the checkpoint the divergence message named")
 
 
 def _scheduler_left_out(accelerator: Accelerator, scheduler) -> bool:
@@ -448,12 +378,10 @@ def _scheduler_left_out(accelerator: Accelerator, scheduler) -> bool:
 
 
 def load(accelerator: Accelerator, path: Path, scheduler=None) -> dict[str, Any]:
-    """Load a verified checkpoint into the prepared objects; return its training state. Nothing is unpickled:
-    safetensors weights, other states by `torch.load(weights_only=True)`, the training state as JSON; a folder
-    with a pickled custom state is refused before anything is read."""
+    """Load a verified checkpoint into the prepared objects; return its training state. Nothing is unpickled
+    (docs/architecture.md, "What a load trusts"): a folder with a pickled custom state is refused first."""
     path = Path(path)
-    pickles = sorted(p.name for p in path.iterdir() if PICKLE.match(p.name))
-    if pickles:
+    if pickles := sorted(p.name for p in path.iterdir() if PICKLE.match(p.name)):
         raise CheckpointError(
             f"checkpoint {path} holds {', '.join(pickles)}: a pickle, which ampft never loads (unpickling runs "
             f"code). Checkpoints of this ampft keep the training state in {TRAIN_STATE}; resume from one of those.")
@@ -478,32 +406,28 @@ def load(accelerator: Accelerator, path: Path, scheduler=None) -> dict[str, Any]
     except (pickle.UnpicklingError, RuntimeError, ValueError, KeyError, OSError) as exc:
         raise CheckpointError(f"checkpoint {path} could not be loaded (weights-only loading, nothing executed): "
                               f"{type(exc).__name__}: {str(exc)[:500]}") from None
-    if _scheduler_left_out(accelerator, scheduler):
-        if not (path / SCHEDULER).is_file():
-            raise CheckpointError(f"checkpoint {path} has no {SCHEDULER}: the learning-rate schedule could not be "
-                                  "resumed (a checkpoint written without it, e.g. by another backend)")
-        try:
-            scheduler.load_state_dict(json.loads((path / SCHEDULER).read_text()))
-        except (ValueError, TypeError, KeyError) as exc:
-            raise CheckpointError(f"checkpoint {path}: {SCHEDULER} is not a scheduler state: {exc}") from None
+    if not _scheduler_left_out(accelerator, scheduler):
+        return state
+    if not (path / SCHEDULER).is_file():
+        raise CheckpointError(f"checkpoint {path} has no {SCHEDULER}: the learning-rate schedule could not be "
+                              "resumed (a checkpoint written without it, e.g. by another backend)")
+    try:
+        scheduler.load_state_dict(json.loads((path / SCHEDULER).read_text()))
+    except (ValueError, TypeError, KeyError) as exc:
+        raise CheckpointError(f"checkpoint {path}: {SCHEDULER} is not a scheduler state: {exc}") from None
     return state
 
 
 def breaking_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    """Keys that differ between the two configs and break an exact resume (`ampft.config.setting(exact=...)`)."""
+    """Keys that differ between the two configs and break an exact resume (`ampft.config.setting(exact=...)`).
+    "compiled": gradient checkpointing recomputes the same ops with the same RNG state (bit-identical losses and
+    gradients, dropout included); under trainer.compile the recompute is fused differently (1e-7 apart). A
+    checkpoint from before a key existed has none: off."""
     a, b = flat(saved), flat(current)
-    out = []
-    for key in sorted(set(a) | set(b)):
-        exact = schema_meta(key, "exact")
-        if a.get(key) == b.get(key) or not exact:
-            continue
-        # "compiled": gradient checkpointing recomputes the same ops with the same RNG state (bit-identical losses
-        # and gradients, dropout included); under trainer.compile the recompute is fused differently (1e-7 apart).
-        compiled = a.get("trainer.compile") or b.get("trainer.compile")
-        if exact == "compiled" and (not compiled or bool(a.get(key)) == bool(b.get(key))):
-            continue  # (a checkpoint from before the key existed has none: off)
-        out.append(f"{key}: {a.get(key)!r} -> {b.get(key)!r}")
-    return out
+    compiled = a.get("trainer.compile") or b.get("trainer.compile")
+    return [f"{key}: {a.get(key)!r} -> {b.get(key)!r}" for key in sorted(set(a) | set(b))
+            if a.get(key) != b.get(key) and (exact := schema_meta(key, "exact"))
+            and (exact != "compiled" or compiled and bool(a.get(key)) != bool(b.get(key)))]
 
 
 def check_config(path: Path, current: dict[str, Any], allow: bool, world_size: int = 1) -> list[str]:
@@ -512,13 +436,11 @@ def check_config(path: Path, current: dict[str, Any], allow: bool, world_size: i
     saved = OmegaConf.to_container(OmegaConf.load(Path(path) / "config.yaml"))
     body = manifest(path)
     changes = breaking_changes(saved, current)
-    saved_world = body.get("world_size")
-    if saved_world is not None and saved_world != world_size:
-        def per_update(c: dict, world: int) -> int:
-            return c["trainer"]["batch_size"] * c["trainer"]["grad_accum"] * world
-
-        changes.append(f"processes (world size): {saved_world} -> {world_size}, so the global batch: "
-                       f"{per_update(saved, saved_world)} -> {per_update(current, world_size)} examples per update")
+    if (was := body.get("world_size")) not in (None, world_size):
+        batch = [c["trainer"]["batch_size"] * c["trainer"]["grad_accum"] * w for c, w in ((saved, was),
+                                                                                          (current, world_size))]
+        changes.append(f"processes (world size): {was} -> {world_size}, so the global batch: {batch[0]} -> "
+                       f"{batch[1]} examples per update")
     now = data_digests(current)
     for key, digest in (body.get("data") or {}).items():
         if now.get(key) == digest:  # the same data: a file moved or renamed is not a change
@@ -526,25 +448,19 @@ def check_config(path: Path, current: dict[str, Any], allow: bool, world_size: i
         elif key in now:
             changes.append(f"{key}={flat(current).get(key)}: its content is not what the checkpoint trained on "
                            f"(content digest {digest} -> {now[key]})")
-    if not changes:
-        return []
-    why_not = dict(NOT_ON_RESUME)
-    if str(current["distributed"]["backend"]) == "deepspeed":
-        why_not.update(dict.fromkeys(DEEPSPEED_SCALER, "DeepSpeed restores its fp16 loss scaler from its own "
-                                                      "checkpoint files, whatever the config says"))
-    refused = [f"  - {c}: {why}" for c in changes for key, why in why_not.items() if c.startswith(f"{key}: ")]
-    if refused:
+    why_not = NOT_ON_RESUME | (DEEPSPEED_SCALER if str(current["distributed"]["backend"]) == "deepspeed" else {})
+    if refused := [f"  - {c}: {why}" for c in changes for key, why in why_not.items() if c.startswith(f"{key}: ")]:
         raise CheckpointError(f"checkpoint {path}: these changes cannot take effect on a resume, not even with "
                               "checkpoint.allow_config_change=true:\n" + "\n".join(refused))
     listing = "\n".join(f"  - {c}" for c in changes)
-    if allow:
+    if changes and allow:
         log.warning("resuming %s with a changed config (checkpoint.allow_config_change=true); the run goes on with "
                     "the config as given:\n%s", path, listing)
-        return changes
-    raise CheckpointError(
-        f"checkpoint {path} was written with a different config; resuming would not continue the same "
-        f"run:\n{listing}\nUse the same settings, or pass checkpoint.allow_config_change=true to resume anyway."
-    )
+    elif changes:
+        raise CheckpointError(
+            f"checkpoint {path} was written with a different config; resuming would not continue the same "
+            f"run:\n{listing}\nUse the same settings, or pass checkpoint.allow_config_change=true to resume anyway.")
+    return changes
 
 
 def export(accelerator: Accelerator, model, tokenizer, out_dir: Path, config: dict[str, Any], card: str,
@@ -557,9 +473,8 @@ def export(accelerator: Accelerator, model, tokenizer, out_dir: Path, config: di
     unwrapped = accelerator.unwrap_model(model)
     state_dict = accelerator.get_state_dict(model)
     if accelerator.is_main_process:
-        expected = set(unwrapped.state_dict())
-        if set(state_dict) != expected:  # from_pretrained would start those weights from random, with a warning
-            odd = sorted(set(state_dict) ^ expected)
+        # Keys that differ: from_pretrained would start those weights from random, with a warning.
+        if odd := sorted(set(state_dict) ^ set(unwrapped.state_dict())):
             raise RuntimeError(f"the export's weights are not the model's, key for key ({len(odd)} differ, e.g. "
                                f"{odd[:3]}): not writing {out_dir}")
 
@@ -591,26 +506,24 @@ def _export_failed(exc: Exception, write, out_dir: Path, need: int, step: int, s
     """Remove the partial export (never mistaken for a model), keep the weights where possible (their source
     checkpoint, else under $TMPDIR) and say where they are, or that they are lost."""
     shutil.rmtree(out_dir, ignore_errors=True)
-    run_dir = out_dir.parent
+    run_dir, kept = out_dir.parent, None
+    rescue = Path(tempfile.gettempdir()) / f"ampft-rescued-{run_dir.name}-step_{step}"
     if source is not None:
         kept = f"These weights are checkpoint {source}'s, which is intact: nothing is lost."
-    else:
-        rescue = Path(tempfile.gettempdir()) / f"ampft-rescued-{run_dir.name}-step_{step}"
-        kept = None
-        if shutil.disk_usage(rescue.parent).free > need + 64 * 2**20:
-            try:
-                write(rescue)
-                kept = (f"The trained weights (step {step}) are saved in {rescue} instead, as the exported model "
-                        f"folder: move it to {out_dir} once there is room ($TMPDIR chooses where this goes).")
-            except Exception as again:
-                shutil.rmtree(rescue, ignore_errors=True)
-                log.warning("could not keep the weights in %s either: %s", rescue, again)
-        if kept is None:
-            found = checkpoints(run_dir)
-            kept = (f"The final weights (step {step}) could not be kept anywhere; the newest checkpoint, "
-                    f"{found[-1]} (step {manifest(found[-1])['step']}), is intact." if found else
-                    f"No checkpoint of this run exists and no other disk had room: the trained weights (step "
-                    f"{step}) are lost (checkpoint.every=N saves them as training goes).")
+    elif shutil.disk_usage(rescue.parent).free > need + 64 * 2**20:
+        try:
+            write(rescue)
+            kept = (f"The trained weights (step {step}) are saved in {rescue} instead, as the exported model "
+                    f"folder: move it to {out_dir} once there is room ($TMPDIR chooses where this goes).")
+        except Exception as again:
+            shutil.rmtree(rescue, ignore_errors=True)
+            log.warning("could not keep the weights in %s either: %s", rescue, again)
+    if kept is None:
+        found = checkpoints(run_dir)
+        kept = (f"The final weights (step {step}) could not be kept anywhere; the newest checkpoint, "
+                f"{found[-1]} (step {manifest(found[-1])['step']}), is intact." if found else
+                f"No checkpoint of this run exists and no other disk had room: the trained weights (step "
+                f"{step}) are lost (checkpoint.every=N saves them as training goes).")
     return CheckpointError(
         f"could not export the model to {out_dir}: {type(exc).__name__}: {exc}\n"
         + _space(exc, run_dir, need, "the model's weights need") + f"\n  {kept}\n  Free some space in {run_dir} (or give "
