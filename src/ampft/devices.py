@@ -1,18 +1,13 @@
-"""The GPUs ampft knows: memory, memory bandwidth and dense peak TFLOP/s per precision, from the vendors' datasheets.
-
-One table for `make estimate` (`estimate.gpu=...`) and the benchmarks' MFU (matched by
-`torch.cuda.get_device_name()`), beside the published claims both check (`TIME_CLAIM` ..., the NVIDIA and Hugging
-Face anchors). CPUs have no table: their half-precision features are read from /proc/cpuinfo (`cpu_flags` ...).
-
-Tensor Core figures are dense (datasheets' "with sparsity" halved); fp32 is the CUDA-core rate `precision=fp32`
-runs at; tf32/fp16/bf16 are Tensor Core rates with fp32 accumulate. None: the GPU has no such path.
-"""
+"""The GPUs ampft knows (memory, bandwidth, dense peak TFLOP/s per precision, from the datasheets), the published
+claims, and the CPU's features from /proc/cpuinfo. Tensor Core figures are dense ("with sparsity" halved) with fp32
+accumulate; fp32 is the CUDA-core rate `precision=fp32` runs at. None: the GPU has no such path."""
 
 from __future__ import annotations
 
 import platform
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -68,9 +63,8 @@ GPUS: dict[str, Device] = {d.name: d for d in [
            "with FP32 accumulate, which PyTorch's autocast uses; FP16 accumulate is twice that)"),
 ]}
 
-# torch.cuda.get_device_name() -> table entry; the first pattern that matches wins. Not matched on purpose: H100 NVL
-# (lower clocks than the SXM part, and its datasheet figures changed between revisions: unknown rather than wrong),
-# and any GPU not listed (an L40S is no L4).
+# torch.cuda.get_device_name() -> table entry, the first match wins. Not matched on purpose: H100 NVL (its datasheet
+# figures changed between revisions: unknown rather than wrong), and any GPU not listed (an L40S is no L4).
 CUDA_NAMES = [(r"H200.*NVL", "h200-nvl"), (r"H200", "h200"), (r"H100.*PCIe", "h100-pcie"),
               (r"H100.*(SXM|HBM3)", "h100-sxm"), (r"A100.*80", "a100-80gb"), (r"A100", "a100-40gb"),
               (r"V100S", "v100s"), (r"V100.*PCIE", "v100-pcie"), (r"V100.*16GB", "v100-16gb"), (r"V100", "v100-32gb"),
@@ -91,8 +85,7 @@ NVIDIA_ANCHOR = dict(device="A100-80GB", model="bert-large", seq_len=384, batch_
 HF_ANCHOR = dict(device="V100", model="bert-large", seq_len=512, batch_size=4, speedup=2.1, memory_saving=0.07)
 
 
-# The CPU features (as /proc/cpuinfo spells them) without which fp16 autocast on a CPU is many times slower
-# than fp32, and bf16 is not fast: measured ratios per kind of CPU in CPU_SPEED_DOC.
+# The CPU features without which fp16 autocast on a CPU is many times slower than fp32, and bf16 not fast.
 FP16_CPU_FLAGS = ("avx512_fp16", "amx_fp16")
 BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
 HALF_CPU_FLAGS = (*FP16_CPU_FLAGS, *BF16_CPU_FLAGS, "amx_tile")
@@ -103,15 +96,11 @@ def _cpuinfo(field: str, cpuinfo: str | None = None) -> str | None:
     """The first `field` line's value in /proc/cpuinfo (or in the given text); None where there is none."""
     if cpuinfo is None:
         try:
-            with open("/proc/cpuinfo") as f:
-                cpuinfo = f.read()
+            cpuinfo = Path("/proc/cpuinfo").read_text()
         except OSError:
             return None
-    for line in cpuinfo.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == field:
-            return value.strip()
-    return None
+    found = re.search(rf"^[ \t]*{re.escape(field)}[ \t]*:(.*)$", cpuinfo, re.MULTILINE)
+    return found and found.group(1).strip()
 
 
 def cpu_flags(cpuinfo: str | None = None) -> set[str]:

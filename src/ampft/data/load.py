@@ -1,6 +1,4 @@
-"""Raw splits for every task family: a Hub dataset, local files (csv/tsv/json(l)/parquet by default, checked
-line by line) or the built-in demo task. What the columns mean is the family's.
-"""
+"""Raw splits for every task family: a Hub dataset, local files (checked line by line) or the demo task."""
 
 from __future__ import annotations
 
@@ -48,6 +46,39 @@ def extra_split_names(task: DictConfig) -> list[str]:
     return [re.sub(r"[^\w.]", "_", Path(p).stem) for p in task.extra_validation_splits]
 
 
+def split_files(task: DictConfig) -> dict[str, str]:
+    """Each split's local file by split name (none for Hub and demo data)."""
+    if task.train_file is None:
+        return {}
+    return {"train": task.train_file, "validation": task.validation_file,
+            **dict(zip(extra_split_names(task), task.extra_validation_splits, strict=True))}
+
+
+def where(task: DictConfig, split: str) -> str:
+    """A split's source for messages: its file (local files) or the split name."""
+    path = split_files(task).get(split)
+    return f"task={task.name}, {split} split" if path is None else f"{split_key(split)}={path}"
+
+
+def check_columns(ds: Dataset, wanted: list[str], where: str, split: str, fix: str) -> None:
+    """A DataError naming the `wanted` columns a split lacks, the columns it has, and `fix`."""
+    if missing := [c for c in wanted if c not in ds.column_names]:
+        raise DataError(f"{where}: column(s) {missing} not in the {split} split, whose columns are {ds.column_names}. "
+                        + fix)
+
+
+def read_checked(read: Callable[[], Dataset], path: str, split: str, what: str, prefix: str = "") -> Dataset:
+    """`read()` of a family's own format, with its ValueError (or a file holding no `what`) a DataError naming
+    the file."""
+    try:
+        ds = read()
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise DataError(f"{split_key(split)}={path}: {prefix}{exc}") from exc
+    if len(ds) == 0:
+        raise DataError(f"{split_key(split)}={path}: no {what} in the file")
+    return ds
+
+
 def load_file(path: str, split: str, column_names: list[str] | None = None) -> Dataset:
     """One split from one file, read on its own terms; `column_names` name a headerless csv/tsv's columns."""
     check_rows(path, split, column_names)
@@ -71,10 +102,8 @@ def load_file(path: str, split: str, column_names: list[str] | None = None) -> D
 
 
 def check_rows(path: str, split: str, column_names: list[str] | None = None) -> None:
-    """A DataError naming the file and line where a csv/tsv row's field count differs from the header's (or
-    `column_names`), or a JSON-lines line is not an object with the first line's keys.
-
-    pandas silently shifts every column of a row with one field too many; a json reader names no line."""
+    """A DataError naming the line of a csv/tsv row whose field count is off or a JSON-lines line that is not an
+    object with the first line's keys: pandas silently shifts the columns of such a row; a json reader names no line."""
     key, fmt = f"{split_key(split)}={path}", file_format(path)
     try:
         if fmt == "csv":
@@ -153,8 +182,7 @@ def _check_json(path: str, key: str) -> None:
 
 
 def check_empty_texts(empty: list, rows: int, task: DictConfig, where: str, what: str) -> None:
-    """Rows with an empty or missing text train as the empty string: a warning, or a DataError past
-    task.max_empty_texts of the split's rows."""
+    """Rows with an empty text train as the empty string: a warning, or a DataError past task.max_empty_texts."""
     if not empty:
         return
     msg = (f"{where}: {len(empty)} of {rows} rows have an empty or missing text in {what}; they would be trained "
@@ -164,14 +192,6 @@ def check_empty_texts(empty: list, rows: int, task: DictConfig, where: str, what
                         "in or remove those rows (or check task.text_fields), or raise task.max_empty_texts to use "
                         "them as they are")
     log.warning("%s (within task.max_empty_texts=%s)", msg, task.max_empty_texts)
-
-
-def _load_files(task: DictConfig, read_file: Callable[[str, str], Dataset]) -> DatasetDict:
-    raw = DatasetDict(train=read_file(task.train_file, "train"),
-                      validation=read_file(task.validation_file, "validation"))
-    for name, path in zip(extra_split_names(task), task.extra_validation_splits, strict=True):
-        raw[name] = read_file(path, name)
-    return raw
 
 
 def _load_hub(task: DictConfig) -> DatasetDict:
@@ -190,17 +210,14 @@ def _load_hub(task: DictConfig) -> DatasetDict:
     if missing:
         raise DataError(f"task.train_split/validation_split/extra_validation_splits {missing} not in {task.dataset}: "
                         f"splits are {list(raw)}")
-    out = DatasetDict(train=raw[task.train_split], validation=raw[task.validation_split])
-    for name in task.extra_validation_splits:
-        out[name] = raw[name]
-    return out
+    return DatasetDict({"train": raw[task.train_split], "validation": raw[task.validation_split],
+                        **{name: raw[name] for name in task.extra_validation_splits}})
 
 
 def load_splits(task: DictConfig, read_file: Callable[[str, str], Dataset] = load_file) -> DatasetDict:
-    """train, validation and the extra validation splits: local files (each read by `read_file(path, split)`),
-    a Hub dataset, or the demo task; task.max_train_samples/max_eval_samples applied."""
+    """train, validation and the extra splits (files read by `read_file(path, split)`), sample limits applied."""
     if task.train_file is not None:
-        raw = _load_files(task, read_file)
+        raw = DatasetDict({split: read_file(path, split) for split, path in split_files(task).items()})
     elif task.dataset is not None:
         raw = _load_hub(task)
     elif task.name == "demo":

@@ -1,8 +1,4 @@
-"""Dataloaders: the family's collator, the model inputs its forward takes, padding, workers.
-
-Training batches are random or length-grouped and may run as length chunks (`ampft.data.batches`);
-evaluation and `make predict` read features in their order (`inference_dataloader`).
-"""
+"""Dataloaders: the family's collator, the model inputs its forward takes, padding, workers."""
 
 from __future__ import annotations
 
@@ -37,12 +33,9 @@ def model_columns(candidates: tuple[str, ...], available: list[str], model=None)
 
 
 def padding(cfg: DictConfig, tokenizer: PreTrainedTokenizerBase, device: torch.device) -> dict:
-    """The collators' `padding`, `max_length` and `pad_to_multiple_of`.
-
-    Dynamic padding rounds up to trainer.pad_to_multiple_of, else 8 under fp16/bf16 on CUDA (Tensor Core
-    shapes) and 1 on CPU, where extra tokens are only extra work (docs/benchmarks/peer-sst2-bf16). Under
-    torch.compile the multiple gives at most trainer.compile_buckets lengths, so as many compilations.
-    Left-padding tokenizers get no rounding: their NER/QA features are padded at tokenization."""
+    """The collators' `padding`, `max_length` and `pad_to_multiple_of`: 8 under fp16/bf16 on CUDA (Tensor Core
+    shapes), 1 on CPU where extra tokens are only work (docs/benchmarks/peer-sst2-bf16); under torch.compile at
+    most trainer.compile_buckets lengths. Left-padding tokenizers' NER/QA features are padded at tokenization."""
     tr, max_length = cfg.trainer, cfg.task.max_length
     if tr.padding == Padding.max_length:
         return dict(padding="max_length", max_length=max_length, pad_to_multiple_of=None)
@@ -56,8 +49,7 @@ def padding(cfg: DictConfig, tokenizer: PreTrainedTokenizerBase, device: torch.d
 
 
 def num_workers(cfg: DictConfig, device: torch.device) -> int:
-    """trainer.num_workers, or (null) 2 on CUDA (collating overlaps GPU work) and 0 on CPU (the cores that
-    would collate are the ones training)."""
+    """trainer.num_workers, or (null) 2 on CUDA (collating overlaps GPU work), 0 on CPU (its cores train)."""
     if cfg.trainer.num_workers is not None:
         return cfg.trainer.num_workers
     return 2 if device.type == "cuda" else 0
@@ -73,8 +65,7 @@ def _loader_kwargs(cfg: DictConfig, device: torch.device) -> dict:
 
 def inference_dataloader(cfg: DictConfig, family: Family, dataset: Dataset, tokenizer: PreTrainedTokenizerBase,
                          device: torch.device, model=None) -> DataLoader:
-    """Features in `dataset`'s order, in evaluation batches, model inputs only (NER/QA keep word_ids and
-    offsets in `dataset`). Evaluation and `make predict`."""
+    """Features in `dataset`'s order, in evaluation batches, model inputs only: evaluation and `make predict`."""
     collate = family.collator(tokenizer, **padding(cfg, tokenizer, device))
     tr = cfg.trainer
     return DataLoader(dataset.select_columns(model_columns(family.model_inputs, dataset.column_names, model)),
@@ -90,10 +81,8 @@ def eval_dataloader(cfg: DictConfig, data: TaskData, dataset: Dataset, tokenizer
 
 def build_dataloaders(cfg: DictConfig, data: TaskData, tokenizer: PreTrainedTokenizerBase,
                       device: torch.device, model=None, num_processes: int = 1) -> tuple[DataLoader, DataLoader]:
-    """Train and validation loaders for `device`; `model` (optional) drops the columns its forward does not take.
-
-    Accelerate deals the sampler's consecutive batches to the ranks in turn, so length groups are global
-    batches (`batch_size` x `num_processes`), as one process with the whole global batch would see them."""
+    """Train and validation loaders; `model` drops the columns its forward does not take. Length groups are
+    global batches (`batch_size` x `num_processes`): Accelerate deals consecutive batches to the ranks in turn."""
     tr = cfg.trainer
     pad = padding(cfg, tokenizer, device)
     collate = data.family.collator(tokenizer, **pad)

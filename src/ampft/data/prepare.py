@@ -1,8 +1,5 @@
-"""Raw splits → labels → tokenization cached on disk → `TaskData`, for every task family.
-
-Tokenization runs once per (tokenizer, task, family settings, data) and is cached under `cfg.cache_dir`, so a
-second run loads it in under a second. Validation splits come out in length order: less padding, same scores.
-"""
+"""Raw splits → labels → tokenization cached on disk → `TaskData`; validation splits in length order (less
+padding, same scores)."""
 
 from __future__ import annotations
 

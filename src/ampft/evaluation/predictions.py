@@ -1,11 +1,6 @@
-"""`make predict`: a saved run (its exported model) or one of its checkpoints on a file without labels.
-
-RUN_DIR/predictions/<name>/ gets predictions.jsonl, one JSON object per input in the input's order (`index`:
-its position in the file, from 0; then what the task family predicts: the label and class probabilities,
-the value, per-word tags, the answer and its score), and predict.json (what ran); with `format=glue` also
-the GLUE test server's file. The name says what was run: `<final|step_N>_<file stem>[_precision-P][_batch-B]`.
-Nothing the training run wrote is replaced. Inputs run in length order (little padding) and come back in
-file order."""
+"""`make predict`: a saved run's export or checkpoint on a file without labels, into RUN_DIR/predictions/<name>/
+(predictions.jsonl: one object per input in file order, `index` from 0, then the family's row; predict.json; the
+GLUE server's file under `format=glue`). Nothing the training run wrote is replaced."""
 
 from __future__ import annotations
 
@@ -72,10 +67,7 @@ def predict_saved(e: DictConfig) -> dict[str, Any]:
     rows = family.predict(accelerator, model, bar, features, examples, task, task.labels)
     seconds = time.perf_counter() - started
     if family.one_feature_per_example:  # back to the file's order
-        by_position = [None] * len(rows)
-        for row, position in zip(rows, order, strict=True):
-            by_position[position] = row
-        rows = by_position
+        rows = [row for _, row in sorted(zip(order, rows, strict=True), key=lambda pair: pair[0])]
     rows = [{"index": i, **row} for i, row in enumerate(rows)]
 
     out = dict(name=name, source=str(saved.weights), kind=saved.kind, file=str(path), task=task.name,

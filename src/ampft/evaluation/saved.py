@@ -1,10 +1,6 @@
-"""Evaluate a saved run's export or one of its checkpoints, on a split of the run's task or another local file,
-with training's data and metrics code. Each evaluation writes its own folder, RUN_DIR/evaluations/<name>/ (eval.json,
-and the predictions a family writes), `<final|step_N>_<split or file stem>[_precision-P][_batch-B]`: nothing the
-training run wrote is replaced.
-
-`open_saved` and `SavedRun.load` are the one way a saved run is opened (source, config, tokenizer, model,
-precision), for `make evaluate` and `make predict` (`ampft.evaluation.predictions`)."""
+"""`make evaluate`: a saved run's export or checkpoint on a split of its task or another file, with training's data
+and metrics code, into its own RUN_DIR/evaluations/<name>/. `open_saved` and `SavedRun.load` are the one way a
+saved run is opened, for `make evaluate` and `make predict`."""
 
 from __future__ import annotations
 
@@ -49,8 +45,7 @@ def _source(e: DictConfig) -> tuple[Path, Path, str]:
 
 
 def evaluation_name(e: DictConfig, weights: Path, kind: str) -> str:
-    """The folder name under RUN_DIR/evaluations/ (or predictions/): `name=`, or the weights, the data and the
-    overrides."""
+    """The folder name under RUN_DIR/evaluations/ (or predictions/): `name=`, or the weights, data and overrides."""
     if e.name is not None:
         if not re.fullmatch(r"[\w.=+-]+", str(e.name)) or str(e.name) in (".", ".."):
             raise EvaluationError(f"name={e.name}: use letters, digits and . _ - = + only (it names a folder under "
@@ -66,35 +61,29 @@ def evaluation_name(e: DictConfig, weights: Path, kind: str) -> str:
 
 @dataclasses.dataclass
 class SavedRun:
-    """A saved run opened for evaluation or prediction: where its weights are, and its config with what the
-    command line changed (precision, batch size, task keys; labels: the model's)."""
+    """A saved run opened: its weights, and its config with the command line's changes (labels: the model's)."""
 
     run_dir: Path
     weights: Path  # RUN_DIR/model, or a checkpoint folder
-    kind: str  # run | checkpoint
+    kind: str  # run | checkpoint: the command-line key that named it, for error messages
     cfg_path: Path  # the config.yaml the run (or checkpoint) was trained with
     cfg: DictConfig
     family: tasks.Family
     model_config: PretrainedConfig
 
-    @property
-    def key(self) -> str:
-        """The command-line key that named this source (`run` or `checkpoint`, as the kind), for error messages."""
-        return self.kind
-
     def load(self) -> tuple[Accelerator, str, PreTrainedTokenizerBase, Any]:
-        """The Accelerator (the precision asked for, applied), the precision that runs, the tokenizer (the
-        family's), and the model with the saved weights, every one of them (not yet prepared)."""
+        """The Accelerator (precision applied), the precision that runs, the family's tokenizer, and the model with
+        every saved weight (not yet prepared)."""
         cfg, family = self.cfg, self.family
         distributed.quiet_deepspeed()
         accelerator = Accelerator(**precision.accelerator_kwargs(cfg.precision), cpu=cfg.trainer.cpu)
         ran = precision.setup(accelerator, cfg.precision)
         tokenizer_dir = self.weights if self.kind == "run" else self.run_dir / "tokenizer"
-        tokenizer = family.adapt_tokenizer(load_tokenizer_from(tokenizer_dir, "the run's tokenizer", self.key))
+        tokenizer = family.adapt_tokenizer(load_tokenizer_from(tokenizer_dir, "the run's tokenizer", self.kind))
         auto = family.model_class
-        with loading("the saved model", self.key, str(self.weights)):
+        with loading("the saved model", self.kind, str(self.weights)):
             if self.kind == "run":
-                check_loadable(str(self.weights), "the saved model", self.key, needs=("config", "weights"))
+                check_loadable(str(self.weights), "the saved model", self.kind, needs=("config", "weights"))
                 # Shapes that differ are reported with the missing keys (and refused below), not raised.
                 model, info = auto.from_pretrained(self.weights, output_loading_info=True,
                                                    ignore_mismatched_sizes=True)
@@ -102,8 +91,8 @@ class SavedRun:
                 unexpected = sorted(info["unexpected_keys"])
             else:
                 model = auto.from_config(self.model_config)
-                missing, unexpected = _load_state_dict(model, self.weights / "model.safetensors", self.key)
-        check_weights(missing, unexpected, f"{self.key}={self.weights}")
+                missing, unexpected = _load_state_dict(model, self.weights / "model.safetensors", self.kind)
+        check_weights(missing, unexpected, f"{self.kind}={self.weights}")
         return accelerator, ran, tokenizer, model
 
 
@@ -125,8 +114,7 @@ def _load_state_dict(model, path: Path, key: str) -> tuple[list[str], list[str]]
 
 
 def check_weights(missing: list[str], unexpected: list[str], where: str) -> None:
-    """Refuse weights that are not the model's, key for key: transformers would start a missing weight from
-    random (with a warning) and evaluate or predict with it."""
+    """Refuse weights that are not the model's, key for key: transformers would start a missing one from random."""
     if not missing and not unexpected:
         return
     parts = []
@@ -165,12 +153,10 @@ def open_saved(e: DictConfig) -> SavedRun:
     cfg.task.labels = family.labels_from_model(model_config)
     if e.get("file") is not None:  # all of it: the run's sample limits apply to the run's own splits only
         cfg.task.max_train_samples = cfg.task.max_eval_samples = None
-    changed = {k: v for k, v in (e.get("task") or {}).items() if v is not None}
-    for name, value in changed.items():
-        cfg.task[name] = value
-    if changed:
-        problems = family.check(cfg.task, [("file", e.file)] if e.get("file") else [])
-        if problems:
+    if changed := {k: v for k, v in (e.get("task") or {}).items() if v is not None}:
+        for name, value in changed.items():
+            cfg.task[name] = value
+        if problems := family.check(cfg.task, [("file", e.file)] if e.get("file") else []):
             raise ConfigError(problems)
     if e.precision is not None:
         cfg.precision.name = str(e.precision)
@@ -193,11 +179,8 @@ def evaluate_saved(e: DictConfig) -> dict[str, Any]:
         task.extra_validation_splits = []  # one split is asked for
     if train_split and not family.evaluates_train_features:
         # NER and QA build evaluation features (word ids, offsets) for validation splits: read the train
-        # data as the validation split.
-        if task.train_file is not None:
-            task.validation_file = task.train_file
-        else:
-            task.validation_split = task.train_split
+        # data as the validation split (its file, or its Hub split).
+        task.validation_file, task.validation_split = task.train_file, task.train_split
         task.max_eval_samples = task.max_train_samples
 
     try:  # before loading anything

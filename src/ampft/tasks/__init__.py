@@ -1,15 +1,6 @@
-"""Task families: what differs between sequence classification, regression, NER and extractive QA, behind one
-interface (`base.Family`), one registered object per family:
-
-    classification.Classification            task.family=classification
-    classification.Regression                task.family=regression
-    token_classification.TokenClassification  task.family=token_classification
-    question_answering.QuestionAnswering      task.family=question_answering
-
-Each family package holds all of its code, with libraries that read its data format and score predictions
-without the training loop. Importing this package imports (and so registers) every family package in it, so
-a new family is a new package here plus its conf/task/ YAML.
-"""
+"""Task families (classification, regression, token_classification, question_answering) behind one interface,
+`base.Family`. Importing this package imports (and so registers) every family package in it: a new family is a
+new package here plus its conf/task/ YAML."""
 
 from __future__ import annotations
 
@@ -47,10 +38,8 @@ def check_installed(metrics: list[str], key: str = "task.metrics") -> None:
 
 def evaluate(accelerator: Accelerator, model, data, dataloaders: dict[str, DataLoader], task: DictConfig,
              out_dir: Path | None = None, main_name: str = "validation") -> dict[str, float]:
-    """The validation split's results, then each extra validation split's as `<name>/<key>`.
-
-    `data` is the `ampft.data.TaskData` the `dataloaders` (by split name) were built from; prediction files (QA)
-    are named by the split, the main one by `main_name`."""
+    """The validation split's results, then each extra split's as `<name>/<key>`, from the `dataloaders` (by
+    split name) of `data` (`ampft.data.TaskData`); prediction files are named by the split, the main one `main_name`."""
     results: dict[str, float] = {}
     for name, dataloader in dataloaders.items():
         features = data.validation if name == "validation" else data.extra[name]

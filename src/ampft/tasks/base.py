@@ -16,8 +16,7 @@ from transformers import DataCollatorWithPadding, PretrainedConfig, PreTrainedTo
 
 
 class Family:
-    """What the shared modules ask of a task family. Attributes without a value and methods that raise
-    NotImplementedError are each family's own (`register` refuses a family that leaves an attribute unset)."""
+    """What the shared modules ask of a task family; `register` refuses one that leaves an attribute unset."""
 
     #: the task.family value that selects it
     name: ClassVar[str]
@@ -27,33 +26,32 @@ class Family:
     model_class: ClassVar[type]
     #: the Hugging Face pipeline that runs an exported model
     pipeline_tag: ClassVar[str]
+    #: the transformers collator that pads its batches
+    collator_class: ClassVar[type] = DataCollatorWithPadding
     #: the columns a batch gives the model (those the model's forward takes are kept)
     model_inputs: ClassVar[tuple[str, ...]]
     #: local files it reads, for messages
     files: ClassVar[str]
+    #: the extensions of the local files it reads (`check_file`)
+    extensions: ClassVar[tuple[str, ...]] = ()
     #: validation feature i belongs to example i (false for QA: an example may span several windows)
     one_feature_per_example: ClassVar[bool]
-    #: the train split's features can be evaluated as they are (NER and QA build evaluation features, with word
-    #: ids or offsets, for validation splits only)
+    #: the train split's features can be evaluated as they are (NER and QA build evaluation features apart)
     evaluates_train_features: ClassVar[bool]
     #: its metrics report percent (seqeval, SQuAD) rather than fractions (GLUE)
     scores_in_percent: ClassVar[bool]
-    #: labels to build the model with when task.labels is unset and no data is read (`make estimate`); None: the
-    #: family has no label set
+    #: labels to build the model with when no data is read (`make estimate`); None: the family has no label set
     typical_label_count: ClassVar[int | None]
 
-    ATTRIBUTES: ClassVar[tuple[str, ...]] = ("name", "metrics", "model_class", "pipeline_tag", "model_inputs", "files",
-                                             "one_feature_per_example", "evaluates_train_features", "scores_in_percent",
-                                             "typical_label_count")
-
     def check(self, task: DictConfig, files: list[tuple[str, str]]) -> list[str]:
-        """The family's own problems with the task group (`files`: (key, path) of local files), one message each
-        naming the key and what would work."""
+        """The family's problems with the task group (`files`: (key, path)), each naming the key and a fix."""
         raise NotImplementedError
 
     def check_file(self, path: str) -> None:
         """Raise ValueError naming the file and what would work when it is not in a format read here."""
-        raise NotImplementedError
+        ext = Path(path).suffix.lower()
+        if ext not in self.extensions:
+            raise ValueError(f"{path}: unsupported extension {ext!r} for {self.name.replace('_', ' ')}; use {self.files}")
 
     def check_installed(self, metrics: list[str], key: str = "task.metrics") -> None:
         """A ConfigError before any training when one of `metrics` needs an optional library that is missing."""
@@ -77,21 +75,25 @@ class Family:
 
     def collator(self, tokenizer: PreTrainedTokenizerBase, padding: str = "longest", max_length: int | None = None,
                  pad_to_multiple_of: int | None = None):
-        """Batches padded as `ampft.data.padding` says."""
-        return DataCollatorWithPadding(tokenizer, padding=padding, max_length=max_length,
-                                       pad_to_multiple_of=pad_to_multiple_of)
+        """Batches padded as `ampft.data.padding` says, by `collator_class`."""
+        return self.collator_class(tokenizer, padding=padding, max_length=max_length,
+                                   pad_to_multiple_of=pad_to_multiple_of)
 
     def fake_targets(self, batch_size: int, seq_len: int) -> dict[str, torch.Tensor]:
-        """A batch's training targets as zeros in the shapes and dtypes the loss takes (`make estimate` traces a
-        step with them in FakeTensorMode)."""
+        """A batch's training targets as zeros in the loss's shapes and dtypes (`make estimate` traces with them)."""
         raise NotImplementedError
 
     def model_kwargs(self, labels: list[str] | None) -> dict[str, Any]:
         """The model config's task settings (number of outputs, label names) for `labels`."""
-        raise NotImplementedError
+        if labels is None:
+            raise ValueError(f"{self.name.replace('_', ' ')} needs its labels (the label list)")
+        return dict(num_labels=len(labels), id2label=dict(enumerate(labels)),
+                    label2id={name: i for i, name in enumerate(labels)})
 
     def labels_from_model(self, config: PretrainedConfig) -> list[str] | None:
-        """The label names in id order that a saved model was trained with (None: it has no label set)."""
+        """The label names in id order that a saved model was trained with (None: the family has no label set)."""
+        if self.typical_label_count is None:
+            return None
         return [config.id2label[i] for i in range(config.num_labels)]
 
     def positive_label(self, task: DictConfig, labels: list[str] | None) -> str | None:
@@ -101,13 +103,13 @@ class Family:
     def evaluate(self, accelerator: Accelerator, model, dataloader: DataLoader, features: Dataset,
                  examples: Dataset, task: DictConfig, labels: list[str] | None,
                  out_dir: Path | None = None, name: str = "validation") -> dict[str, float]:
-        """Metrics (keys as `metrics` says), `loss` and `samples` (examples scored) on one split; `dataloader`
-        yields `features` in order. Predictions go to `out_dir` where the family writes any."""
+        """Metrics, `loss` and `samples` (examples scored) on one split (`dataloader` yields `features` in order);
+        any predictions the family writes go to `out_dir`."""
         raise NotImplementedError
 
     def read_inputs(self, task: DictConfig, path: str) -> Dataset:
-        """The examples of a file to predict (`make predict file=PATH`): labels not needed, and ignored where
-        present. A DataError naming the file (`file=PATH`) and line when it is malformed or holds none."""
+        """The examples of a file to predict, labels not needed; a DataError naming `file=PATH` and line when it is
+        malformed or holds none."""
         raise NotImplementedError
 
     def input_features(self, inputs: Dataset, task: DictConfig, tokenizer: PreTrainedTokenizerBase) -> Dataset:
@@ -116,13 +118,12 @@ class Family:
 
     def predict(self, accelerator: Accelerator, model, dataloader: DataLoader, features: Dataset,
                 inputs: Dataset, task: DictConfig, labels: list[str] | None) -> list[dict[str, Any]]:
-        """One JSON-able row per example of `inputs`, in that order: what the model predicts for it.
-        `dataloader` yields `features` in order (with `ampft.inference.predict`)."""
+        """One JSON-able row per example of `inputs`, in that order (`dataloader` yields `features` in order)."""
         raise NotImplementedError
 
     def usage(self, task: DictConfig) -> str:
-        """Python that loads an export of this family from "path/to/this/folder" with transformers alone and
-        prints what the model predicts for one example, as `predict` would: the model card's usage."""
+        """The model card's Python: load the export from "path/to/this/folder" with transformers alone and print
+        what `predict` would for one example."""
         raise NotImplementedError
 
     def metric_keys(self, metrics: list[str]) -> list[str]:
@@ -132,13 +133,12 @@ class Family:
 
 def encoded(inputs: Dataset, encode: Callable[[dict], dict], keep: tuple[str, ...] = (),
             desc: str = "tokenizing") -> Dataset:
-    """`inputs` as model features (`encode`: a batch of examples -> features), each with its `length` in tokens
-    for the length-grouped sampler and length-ordered batches. The input columns go, but `keep`."""
+    """`inputs` as model features (`encode`: a batch of examples -> features) with their `length` in tokens; the
+    input columns go, but `keep`."""
 
     def fn(batch):
         out = encode(batch)
-        out["length"] = [len(ids) for ids in out["input_ids"]]
-        return out
+        return {**out, "length": [len(ids) for ids in out["input_ids"]]}
 
     return inputs.map(fn, batched=True, remove_columns=[c for c in inputs.column_names if c not in keep], desc=desc)
 
@@ -156,7 +156,7 @@ FAMILIES: dict[str, Family] = {}
 
 def register(family: Family) -> Family:
     """Make `family` the one selected by `task.family=<family.name>`."""
-    missing = [a for a in Family.ATTRIBUTES if not hasattr(family, a)]
+    missing = [a for a in Family.__annotations__ if not hasattr(family, a)]
     if missing:
         raise TypeError(f"task family {type(family).__name__} does not set {missing}")
     if family.name in FAMILIES:

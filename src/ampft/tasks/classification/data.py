@@ -12,7 +12,8 @@ from pathlib import Path
 from datasets import ClassLabel, DatasetDict
 from omegaconf import DictConfig
 
-from ampft.data.load import DataError, check_empty_texts, extra_split_names, load_file, load_splits, split_key
+from ampft.data.load import check_columns, check_empty_texts, load_file, load_splits, split_files, where
+from ampft.errors import DataError
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +27,7 @@ def load_raw(task: DictConfig) -> DatasetDict:
     for split, ds in raw.items():
         empty = [i for i, row in enumerate(zip(*(ds[f] for f in task.text_fields), strict=True))
                  if any(_is_blank(t) for t in row)]
-        check_empty_texts(empty, len(ds), task, _where(task, split),
+        check_empty_texts(empty, len(ds), task, where(task, split),
                           f"text field(s) {list(task.text_fields)}, {_rows(task, split, empty)}")
     return raw
 
@@ -35,36 +36,17 @@ def _check_columns(raw: DatasetDict, task: DictConfig) -> None:
     for split, ds in raw.items():
         if len(ds) == 0:
             raise DataError(f"task={task.name}: the {split} split is empty")
-        wanted = [*task.text_fields, task.label_column]
-        missing = [c for c in wanted if c not in ds.column_names]
-        if missing:
-            path = _path(task, split)
-            unlabelled = (" (a file without labels is for predictions: make predict run=RUN_DIR file=PATH)"
-                          if task.label_column in missing else "")
-            raise DataError(f"{f'task={task.name}' if path is None else f'{split_key(split)}={path}'}: column(s) "
-                            f"{missing} not in the {split} split, whose columns are {ds.column_names}. Set "
-                            f"task.text_fields=[...] and task.label_column=... to match{unlabelled}.")
-
-
-def _path(task: DictConfig, split: str) -> str | None:
-    """The file a split was read from (None for Hub and demo data)."""
-    if task.train_file is None:
-        return None
-    paths = {"train": task.train_file, "validation": task.validation_file,
-             **dict(zip(extra_split_names(task), task.extra_validation_splits, strict=True))}
-    return paths[split]
-
-
-def _where(task: DictConfig, split: str) -> str:
-    """A split's source for messages: its file (local files) or the split name."""
-    path = _path(task, split)
-    return f"task={task.name}, {split} split" if path is None else f"{split_key(split)}={path}"
+        unlabelled = (" (a file without labels is for predictions: make predict run=RUN_DIR file=PATH)"
+                      if task.label_column not in ds.column_names else "")
+        check_columns(ds, [*task.text_fields, task.label_column],
+                      where(task, split) if split in split_files(task) else f"task={task.name}", split,
+                      f"Set task.text_fields=[...] and task.label_column=... to match{unlabelled}.")
 
 
 def _rows(task: DictConfig, split: str, indices: list[int]) -> str:
     """Rows by number from 1; the file line too for csv/tsv (one header line, no blank or multi-line rows)."""
     shown = ", ".join(str(i + 1) for i in indices[:8]) + (", ..." if len(indices) > 8 else "")
-    path = _path(task, split)
+    path = split_files(task).get(split)
     lines = path is not None and Path(path).suffix.lower() in (".csv", ".tsv")
     return f"row(s) {shown}" + (" (file line = row + 1, after the header)" if lines else "")
 
@@ -74,9 +56,8 @@ def _is_blank(v) -> bool:
 
 
 def check_labels(raw: DatasetDict, task: DictConfig) -> None:
-    """Empty labels (and non-numbers for regression) are errors naming the file and rows; a label set that looks
-    like a mistake (integer-like names mixed with words, a very rare class) is a warning: an empty csv cell would
-    otherwise silently become a class '' and `0,1,neg,pos` four classes."""
+    """Empty labels (and regression non-numbers) are errors naming the file and rows, a label set that looks like a
+    mistake (integer-like names mixed with words, a very rare class) a warning: `0,1,neg,pos` would be 4 classes."""
     col = task.label_column
     for split, ds in raw.items():
         if isinstance(ds.features[col], ClassLabel):
@@ -84,12 +65,12 @@ def check_labels(raw: DatasetDict, task: DictConfig) -> None:
         values = ds[col]
         blank = [i for i, v in enumerate(values) if _is_blank(v)]
         if blank:
-            raise DataError(f"{_where(task, split)}: {len(blank)} empty label(s) in column {col!r}, "
+            raise DataError(f"{where(task, split)}: {len(blank)} empty label(s) in column {col!r}, "
                             f"{_rows(task, split, blank)}. Fill them in or remove those rows.")
         if task.family == "regression":
             bad = [i for i, v in enumerate(values) if not _is_number(v)]
             if bad:
-                raise DataError(f"{_where(task, split)}: label column {col!r} of a regression task has non-numbers (or nan/inf) "
+                raise DataError(f"{where(task, split)}: label column {col!r} of a regression task has non-numbers (or nan/inf) "
                                 f"{sorted({str(values[i]) for i in bad})[:5]} in {_rows(task, split, bad)}; "
                                 "use numbers, or task.family=classification for class labels")
     train = raw["train"]
@@ -101,13 +82,13 @@ def check_labels(raw: DatasetDict, task: DictConfig) -> None:
     if integer and len(integer) < len(counts):
         log.warning("%s: labels mix integer-like and word values %s (counts): %d classes. If these are two "
                     "spellings of the same classes, fix the file; set task.labels=[...] to silence this.",
-                    _where(task, "train"), shown, len(counts))
+                    where(task, "train"), shown, len(counts))
     largest = max(counts.values())
     rare = {v: n for v, n in counts.items() if n < max(2, 0.01 * largest)}
     if rare and len(counts) > 1:
         log.warning("%s: label(s) %s have very few examples next to the largest class (%d); label counts %s. "
                     "A typo in a label column makes a class of its own: check them, or set task.labels=[...] to "
-                    "silence this.", _where(task, "train"), sorted(rare), largest, shown)
+                    "silence this.", where(task, "train"), sorted(rare), largest, shown)
 
 
 def _is_number(v) -> bool:
@@ -128,8 +109,7 @@ def label_names(raw: DatasetDict, task: DictConfig) -> list[str] | None:
     feature = raw["train"].features[task.label_column]
     if isinstance(feature, ClassLabel):
         return list(feature.names)
-    values = sorted({v for v in raw["train"][task.label_column] if v is not None})
-    return [str(v) for v in values]
+    return [str(v) for v in sorted({v for v in raw["train"][task.label_column] if v is not None})]
 
 
 POSITIVE_NAMES = ("1", "true", "positive", "pos", "yes")  # tried in order when task.positive_label is null
@@ -158,8 +138,7 @@ def positive_label(task: DictConfig, labels: list[str] | None) -> str | None:
 
 def encode_labels(raw: DatasetDict, task: DictConfig, labels: list[str] | None) -> DatasetDict:
     """Add `labels`: ids into `labels` by name (integers as ids only where task.labels names them), floats for
-    regression. A split whose values are not the label names is an error: validation labels `0`/`1` next to train
-    labels `worse`/`better` would otherwise be read as ids into the sorted names, a guess."""
+    regression. Values that are not the label names are an error: reading `0`/`1` as ids would be a guess."""
     col = task.label_column
     if labels is None:
         return raw.map(lambda b: {"labels": [float(v) for v in b[col]]}, batched=True)
@@ -180,7 +159,7 @@ def encode_labels(raw: DatasetDict, task: DictConfig, labels: list[str] | None) 
         elif ids:
             shown = ", ".join(f"{i} = {name}" for i, name in enumerate(labels))
             raise DataError(
-                f"{_where(task, split)}: labels {sorted(values)[:10]} in column {col!r} are not the train split's "
+                f"{where(task, split)}: labels {sorted(values)[:10]} in column {col!r} are not the train split's "
                 f"label names {labels}, so it is not known which class each stands for. If they are ids, say the "
                 f"names in id order, e.g. task.labels=[{','.join(labels)}] (then {shown}); or write the same label "
                 "names in every split."

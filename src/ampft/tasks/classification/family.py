@@ -1,6 +1,5 @@
 """Sequence classification and regression (GLUE, your own csv/tsv/json/parquet files): one sentence or a
-pair per example, one label (an id, or a float for regression). Data checks and labels in `data`, the GLUE
-metrics in `metrics`, the evaluation loop here."""
+pair per example, one label (an id, or a float for regression)."""
 
 from __future__ import annotations
 
@@ -15,7 +14,7 @@ from omegaconf import DictConfig
 from torch.utils.data import DataLoader
 from transformers import AutoModelForSequenceClassification, PreTrainedTokenizerBase
 
-from ampft.data.load import PREDICT, DataError, file_format, load_file
+from ampft.data.load import FORMATS, PREDICT, DataError, load_file
 from ampft.inference import predict
 from ampft.tasks.base import Family, column_names_unread, encoded, register
 from ampft.tasks.classification import metrics as glue
@@ -54,11 +53,8 @@ def evaluate_model(accelerator: Accelerator, model, dataloader: DataLoader, metr
         return pred, batch["labels"], example_losses(logits, batch["labels"], regression)
 
     preds, refs, losses = (torch.cat(parts) for parts in predict(accelerator, model, dataloader, outputs))
-    predictions, references = preds.numpy(), refs.numpy()
-    results = glue.compute(metrics, predictions, references, num_labels, positive)
-    results["loss"] = float(losses.mean())
-    results["samples"] = len(references)
-    return results
+    results = glue.compute(metrics, preds.numpy(), refs.numpy(), num_labels, positive)
+    return {**results, "loss": float(losses.mean()), "samples": len(refs)}
 
 
 def column_names_problems(task: DictConfig, files: list[tuple[str, str]]) -> list[str]:
@@ -81,27 +77,13 @@ def column_names_problems(task: DictConfig, files: list[tuple[str, str]]) -> lis
 EXAMPLE = ("The film is a joy to watch from start to finish.", "Watching the film is a pleasure.")
 
 
-def read_inputs(task: DictConfig, path: str) -> Dataset:
-    """The rows of a file to predict with the task's text columns (a label column is not needed)."""
-    names = None if task.column_names is None else [str(c) for c in task.column_names]
-    ds = load_file(path, PREDICT, names)
-    missing = [c for c in task.text_fields if c not in ds.column_names]
-    if missing:
-        raise DataError(f"file={path}: column(s) {missing} not in the file, whose columns are {ds.column_names} "
-                        f"(line 1{' names them' if names is None else ': task.column_names'}). Set "
-                        "task.text_fields=[...] to the file's text columns" +
-                        (", or task.column_names=null for a file with a header line" if names is not None else ""))
-    if len(ds) == 0:
-        raise DataError(f"file={path}: no rows to predict (the file has its header line only)")
-    return ds
-
-
 class Classification(Family):
     name = "classification"
     metrics = {"accuracy": ("accuracy",), "f1": ("f1",), "mcc": ("mcc",)}
     model_class = AutoModelForSequenceClassification
     pipeline_tag = "text-classification"
     model_inputs = ("input_ids", "attention_mask", "token_type_ids", "labels")
+    extensions = tuple(FORMATS)
     files = "csv, tsv, json, jsonl or parquet"
     one_feature_per_example = True
     evaluates_train_features = True
@@ -114,9 +96,6 @@ class Classification(Family):
             problems.append(f"task.text_fields={list(task.text_fields)}: give one column (single sentence) or two "
                             "(pair)")
         return problems
-
-    def check_file(self, path: str) -> None:
-        file_format(path)
 
     def check_installed(self, metrics: list[str], key: str = "task.metrics") -> None:
         glue.check_installed(metrics, key)
@@ -135,15 +114,21 @@ class Classification(Family):
     def fake_targets(self, batch_size: int, seq_len: int) -> dict[str, torch.Tensor]:
         return dict(labels=torch.zeros(batch_size, dtype=torch.long))
 
-    def model_kwargs(self, labels: list[str] | None) -> dict:
-        return dict(num_labels=len(labels), id2label=dict(enumerate(labels)),
-                    label2id={name: i for i, name in enumerate(labels)})
-
     def positive_label(self, task: DictConfig, labels: list[str] | None) -> str | None:
         return positive_label(task, labels)
 
     def read_inputs(self, task: DictConfig, path: str) -> Dataset:
-        return read_inputs(task, path)
+        names = None if task.column_names is None else [str(c) for c in task.column_names]
+        ds = load_file(path, PREDICT, names)
+        missing = [c for c in task.text_fields if c not in ds.column_names]
+        if missing:
+            raise DataError(f"file={path}: column(s) {missing} not in the file, whose columns are {ds.column_names} "
+                            f"(line 1{' names them' if names is None else ': task.column_names'}). Set "
+                            "task.text_fields=[...] to the file's text columns" +
+                            (", or task.column_names=null for a file with a header line" if names is not None else ""))
+        if len(ds) == 0:
+            raise DataError(f"file={path}: no rows to predict (the file has its header line only)")
+        return ds
 
     def input_features(self, inputs: Dataset, task: DictConfig, tokenizer: PreTrainedTokenizerBase) -> Dataset:
         return encoded(inputs, _encoder(task, tokenizer))
@@ -202,12 +187,6 @@ class Regression(Classification):
 
     def model_kwargs(self, labels: list[str] | None) -> dict:
         return dict(num_labels=1, problem_type="regression")
-
-    def labels_from_model(self, config) -> None:
-        return None
-
-    def positive_label(self, task: DictConfig, labels: list[str] | None) -> None:
-        return None
 
     def _usage_result(self) -> str:
         return 'print({"value": logits[0].item()})\n'

@@ -1,7 +1,6 @@
-"""The GLUE test server's submission files (`make predict format=glue`): one TSV per test set, named as the
-server expects (SST-2.tsv, MNLI-m.tsv, ...), a header line `index<TAB>prediction`, then one line per test
-example with its `index` from the test file. CoLA, SST-2, MRPC, QQP and WNLI take label ids (0/1), MNLI (and
-its diagnostic set AX), QNLI and RTE label names, STS-B the predicted score."""
+"""The GLUE test server's submission files (`make predict format=glue`): one TSV per test set named as the server
+expects (SST-2.tsv, MNLI-m.tsv, ...), a header `index<TAB>prediction`, a line per test example by its `index`.
+CoLA, SST-2, MRPC, QQP and WNLI take label ids (0/1), MNLI (and AX), QNLI and RTE label names, STS-B the score."""
 
 from __future__ import annotations
 
@@ -33,12 +32,9 @@ def submission_file(task_name: str, path: str, labels: list[str] | None) -> str:
     if task_name != "mnli":
         return FILES[task_name]
     stem = Path(path).stem.lower()
-    if "mismatched" in stem:
-        return "MNLI-mm.tsv"
-    if "matched" in stem:
-        return "MNLI-m.tsv"
-    if "diagnostic" in stem or stem == "ax":
-        return "AX.tsv"
+    for part, name in (("mismatched", "MNLI-mm.tsv"), ("matched", "MNLI-m.tsv"), ("diagnostic", "AX.tsv")):
+        if part in stem or (stem == "ax" and name == "AX.tsv"):
+            return name
     raise EvaluationError(f"format=glue: file={path}: an MNLI model predicts three GLUE test sets; name the file as "
                           "GLUE does (test_matched.tsv, test_mismatched.tsv, or diagnostic.tsv for AX) to say which")
 

@@ -1,7 +1,5 @@
-"""GLUE metrics as offline `evaluate` modules (`evaluate.load("accuracy")` needs the Hub): the Hub scripts'
-numbers, with scikit-learn and SciPy (the `metrics` extra, imported when a metric is computed; accuracy with
-numpy). `load_metric(name)` is the entry point; `check_installed` says before training when a library is missing.
-"""
+"""GLUE metrics as offline `evaluate` modules (`evaluate.load("accuracy")` needs the Hub), the Hub scripts'
+numbers, with scikit-learn and SciPy (the `metrics` extra, imported when a metric is computed)."""
 
 from __future__ import annotations
 
@@ -42,9 +40,8 @@ class Accuracy(_Metric):
 
 
 class F1(_Metric):
-    """F1 of the positive class (`positive`, a label id; the recipe passes task.positive_label's id) for
-    two-class tasks, as GLUE reports it for MRPC and QQP; macro F1 over all classes when the task has more
-    (decided by the task's label count, not by the data seen)."""
+    """F1 of the positive class (`positive`, a label id) for two-class tasks, as GLUE reports it for MRPC and
+    QQP; macro F1 when the task (its label count, not the data seen) has more classes."""
 
     def _compute(self, predictions, references, num_labels: int = 2, positive: int = 1):
         average = "binary" if num_labels == 2 else "macro"
@@ -64,19 +61,17 @@ class MatthewsCorrelation(_Metric):
 class Pearson(_Metric):
     """Pearson correlation (STS-B)."""
 
-    value_type = "float32"
+    value_type, key, function = "float32", "pearson", "pearsonr"
 
     def _compute(self, predictions, references):
-        return {"pearson": float(_lib("pearson").pearsonr(np.asarray(references), np.asarray(predictions))[0])}
+        correlation = getattr(_lib(self.key), self.function)
+        return {self.key: float(correlation(np.asarray(references), np.asarray(predictions))[0])}
 
 
-class Spearman(_Metric):
+class Spearman(Pearson):
     """Spearman rank correlation (STS-B)."""
 
-    value_type = "float32"
-
-    def _compute(self, predictions, references):
-        return {"spearman": float(_lib("spearman").spearmanr(np.asarray(references), np.asarray(predictions))[0])}
+    key, function = "spearman", "spearmanr"
 
 
 METRICS: dict[str, type[_Metric]] = {"accuracy": Accuracy, "f1": F1, "mcc": MatthewsCorrelation, "pearson": Pearson,

@@ -1,14 +1,10 @@
-"""Extractive question answering (SQuAD v1.1 / v2.0 style): `squad` (reader, windows, span search) and
-`squad_metric` (official EM/F1) wired into the family interface, registered as task.family=question_answering.
-
-Data: a Hub dataset with `id`, question and context columns (`task.text_fields`) and SQuAD-style answers
-(`task.label_column`), or local SQuAD JSON files. Validation features keep the span search's columns and the
-gold positions (for a validation loss); evaluation writes `predictions_<split>.json` ({id: text}, the official
-script's input).
-"""
+"""Extractive question answering (SQuAD v1.1 / v2.0), task.family=question_answering: a Hub dataset with `id`,
+question, context and SQuAD-style answers columns, or SQuAD JSON files. Evaluation writes
+`predictions_<split>.json` ({id: text}, the official script's input)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from collections import Counter
@@ -22,8 +18,9 @@ from omegaconf import DictConfig
 from torch.utils.data import DataLoader
 from transformers import AutoModelForQuestionAnswering, PreTrainedTokenizerBase
 
-from ampft.data.load import PREDICT, DataError, check_empty_texts, load_splits, split_key
-from ampft.inference import predict
+from ampft.data.load import PREDICT, check_columns, check_empty_texts, load_splits, read_checked, where
+from ampft.errors import DataError
+from ampft.inference import predict, rows
 from ampft.tasks.base import Family, column_names_unread, encoded, register
 from ampft.tasks.question_answering import squad
 from ampft.tasks.question_answering.squad_metric import Squad, SquadV2
@@ -41,14 +38,12 @@ def _ids(ids: list[str]) -> str:
 
 
 def check_answers(ds: Dataset, task: DictConfig, split: str) -> None:
-    """Questions that would silently train "no answer": answers whose answer_start does not point at their text,
-    and, in SQuAD v1.1 (task.version_2=false), questions without answers. A DataError past
-    task.max_misaligned_answers (a fraction), a warning below; empty questions and contexts: task.max_empty_texts."""
-    path = {"train": task.train_file, "validation": task.validation_file}.get(split)
-    where = f"{split_key(split)}={path}" if path and task.train_file else f"task={task.name}, {split} split"
+    """Questions that would silently train "no answer" (an answer_start off its text; in SQuAD v1.1, no answer): a
+    DataError past task.max_misaligned_answers (a fraction), a warning below; empty texts: task.max_empty_texts."""
+    source = where(task, split)
     rows = ds.select_columns(COLUMNS)
     empty = [r["id"] for r in rows if not r["question"].strip() or not r["context"].strip()]
-    check_empty_texts(empty, len(ds), task, where, f"question or context ({_ids(empty)})")
+    check_empty_texts(empty, len(ds), task, source, f"question or context ({_ids(empty)})")
     found = []
     bad = squad.misaligned_answers(ds)
     if bad:
@@ -65,7 +60,7 @@ def check_answers(ds: Dataset, task: DictConfig, split: str) -> None:
                           "give them their answers, or use task.version_2=true (task=squad_v2) for a file with "
                           "unanswerable questions"))
     for ids, among, what, fix in found:
-        msg = f"{where}: {what}; they would be trained as \"no answer\""
+        msg = f"{source}: {what}; they would be trained as \"no answer\""
         if len(ids) > task.max_misaligned_answers * among:
             raise DataError(f"{msg}. That is more than task.max_misaligned_answers={task.max_misaligned_answers} of "
                             f"them: {fix}, or raise task.max_misaligned_answers to train with them as they are")
@@ -78,14 +73,9 @@ def _span_logits(accelerator: Accelerator, out) -> tuple[torch.Tensor, torch.Ten
                  for x in (out.start_logits, out.end_logits))
 
 
-def _rows(parts: list[torch.Tensor]) -> list:
-    return [row for batch in parts for row in batch.numpy()]
-
-
 def window_losses(start_logits: torch.Tensor, end_logits: torch.Tensor, batch: dict) -> torch.Tensor:
-    """Each window's loss, (start + end cross-entropy) / 2 as the model's QA loss, with padding kept out of the
-    softmax so the value does not depend on the batch's width. (Training keeps the model's own loss, which
-    trains the padding logits down, so the two agree closely once trained.)"""
+    """Each window's loss, (start + end cross-entropy) / 2 as the model's, with padding kept out of the softmax so
+    it does not depend on the batch's width (training's own loss trains the padding logits down: they agree)."""
     pad = batch["attention_mask"] == 0
     loss = 0.0
     for logits, gold in ((start_logits, batch["start_positions"]), (end_logits, batch["end_positions"])):
@@ -100,6 +90,7 @@ class QuestionAnswering(Family):
     model_class = AutoModelForQuestionAnswering
     pipeline_tag = "question-answering"
     model_inputs = ("input_ids", "attention_mask", "token_type_ids", "start_positions", "end_positions")
+    extensions = (".json",)
     files = 'SQuAD JSON: .json with a top-level "data" list of articles'
     one_feature_per_example = False
     evaluates_train_features = False
@@ -127,26 +118,16 @@ class QuestionAnswering(Family):
             problems.append("task.metrics=[squad_v2] needs task.version_2=true (no-answer predictions)")
         return problems
 
-    def check_file(self, path: str) -> None:
-        ext = Path(path).suffix.lower()
-        if ext != ".json":
-            raise ValueError(f"{path}: unsupported extension {ext!r} for question answering; use {self.files}")
-
     def load(self, task: DictConfig) -> tuple[DatasetDict, None]:
         raw = load_splits(task, _read)
         question, context = task.text_fields
         renames = {question: "question", context: "context", task.label_column: "answers"}
         out = {}
         for split, ds in raw.items():
-            missing = [c for c in ("id", *renames) if c not in ds.column_names]
-            if missing:
-                raise DataError(
-                    f"task={task.name}: column(s) {missing} not in the {split} split, whose columns are "
-                    f"{ds.column_names}. Set task.text_fields=[<question>, <context>] and task.label_column=<answers>."
-                )
-            renames_here = {a: b for a, b in renames.items() if a != b}
-            ds = ds.select_columns(["id", *renames])
-            out[split] = (ds.rename_columns(renames_here) if renames_here else ds).select_columns(COLUMNS)
+            check_columns(ds, ["id", *renames], f"task={task.name}", split,
+                          "Set task.text_fields=[<question>, <context>] and task.label_column=<answers>.")
+            renamed = ds.select_columns(["id", *renames]).rename_columns({a: b for a, b in renames.items() if a != b})
+            out[split] = renamed.select_columns(COLUMNS)
             check_answers(out[split], task, split)
         return DatasetDict(out), None
 
@@ -164,10 +145,8 @@ class QuestionAnswering(Family):
 
     def predict(self, accelerator: Accelerator, model, dataloader: DataLoader, features: Dataset,
                 inputs: Dataset, task: DictConfig, labels: list[str] | None) -> list[dict[str, Any]]:
-        start_parts, end_parts = predict(accelerator, model, dataloader, lambda _, out: _span_logits(accelerator, out))
-        answers = squad.scored_answers(inputs, features, _rows(start_parts), _rows(end_parts), n_best=task.n_best,
-                                       max_answer_length=task.max_answer_length, version_2=task.version_2,
-                                       null_threshold=task.null_threshold)
+        parts = predict(accelerator, model, dataloader, lambda _, out: _span_logits(accelerator, out))
+        answers = _answers(task, inputs, features, *parts)
         return [{"id": i, "answer": answers[i][0], "score": answers[i][1]} for i in inputs["id"]]
 
     def usage(self, task: DictConfig) -> str:
@@ -212,24 +191,18 @@ print({{"answer": answer, "score": probability}})
     def model_kwargs(self, labels: list[str] | None) -> dict:
         return {}  # start and end logits: no label set
 
-    def labels_from_model(self, config) -> None:
-        return None
-
     def cache_settings(self, task: DictConfig) -> dict:
         return {"doc_stride": task.doc_stride}
 
     def tokenize(self, raw: DatasetDict, task: DictConfig, tokenizer: PreTrainedTokenizerBase,
                  labels: list[str] | None) -> DatasetDict:
         kwargs = dict(tokenizer=tokenizer, max_length=task.max_length, doc_stride=task.doc_stride)
-
-        def train(batch):
-            return squad.prepare_train_features(batch, **kwargs)
+        train = functools.partial(squad.prepare_train_features, **kwargs)
 
         def evaluation(batch):  # the same windows: span search inputs, and gold positions for a loss
-            out = squad.prepare_eval_features(batch, **kwargs)
-            positions = squad.prepare_train_features(batch, **kwargs)
-            out["start_positions"], out["end_positions"] = positions["start_positions"], positions["end_positions"]
-            return out
+            positions = train(batch)
+            return {**squad.prepare_eval_features(batch, **kwargs),
+                    "start_positions": positions["start_positions"], "end_positions": positions["end_positions"]}
 
         return DatasetDict({s: encoded(ds, train if s == "train" else evaluation, desc=f"tokenizing {s}")
                             for s, ds in raw.items()})
@@ -241,9 +214,7 @@ print({{"answer": answer, "score": probability}})
             return *_span_logits(accelerator, out), window_losses(out.start_logits, out.end_logits, batch)
 
         start_parts, end_parts, losses = predict(accelerator, model, dataloader, outputs)
-        answers = squad.postprocess(examples, features, _rows(start_parts), _rows(end_parts), n_best=task.n_best,
-                                 max_answer_length=task.max_answer_length, version_2=task.version_2,
-                                 null_threshold=task.null_threshold)
+        answers = {k: text for k, (text, _) in _answers(task, examples, features, start_parts, end_parts).items()}
         metric = SquadV2() if task.version_2 else Squad()
         references = [{"id": i, "answers": a} for i, a in zip(examples["id"], examples["answers"], strict=True)]
         results = metric.compute(predictions=[{"id": k, "prediction_text": v} for k, v in answers.items()],
@@ -255,14 +226,15 @@ print({{"answer": answer, "score": probability}})
         return results
 
 
+def _answers(task: DictConfig, examples: Dataset, features: Dataset, start_parts: list[torch.Tensor],
+             end_parts: list[torch.Tensor]) -> dict[str, tuple[str, float]]:
+    return squad.scored_answers(examples, features, rows(start_parts), rows(end_parts), n_best=task.n_best,
+                                max_answer_length=task.max_answer_length, version_2=task.version_2,
+                                null_threshold=task.null_threshold)
+
+
 def _read(path: str, split: str, answers: bool = True) -> Dataset:
-    try:
-        ds = squad.read_squad(path, answers)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise DataError(f"{split_key(split)}={path}: {exc}") from exc
-    if len(ds) == 0:
-        raise DataError(f"{split_key(split)}={path}: no questions in the file")
-    return ds
+    return read_checked(lambda: squad.read_squad(path, answers), path, split, "questions")
 
 
 QUESTION_ANSWERING = register(QuestionAnswering())

@@ -1,12 +1,6 @@
-"""Extractive QA (SQuAD v1.1/v2.0): JSON → overlapping windows → span logits → answer text → EM/F1.
-
-A long context is split into windows overlapping by `doc_stride` tokens (as run_qa.py), so evaluation keeps
-each window's example id and context character offsets: `postprocess` searches the best span over all windows
-and cuts the answer out of the original context (detokenized ids would lose case and spacing).
-
-Tokenizers that pad on the left put the context first (truncation="only_first", as run_qa.py does) and
-get features padded to `max_length` here, so positions are final and a collator adds nothing before them.
-"""
+"""Extractive QA (SQuAD v1.1/v2.0): JSON → windows overlapping by `doc_stride` (as run_qa.py) → span search over
+an example's windows → answer cut out of the original context (detokenized ids would lose case and spacing).
+Left-padding tokenizers put the context first and are padded to `max_length` here, so positions are final."""
 
 from __future__ import annotations
 
@@ -96,9 +90,8 @@ def _cls_index(input_ids: list[int], tokenizer: PreTrainedTokenizerBase) -> int:
 
 def prepare_train_features(batch: Mapping[str, list], tokenizer: PreTrainedTokenizerBase, max_length: int,
                            doc_stride: int) -> dict[str, list]:
-    """For `Dataset.map(batched=True, remove_columns=<all>)`: one row per window, with the first gold
-    answer's token `start_positions`/`end_positions`, or the CLS index when the window does not hold all
-    of it (and for unanswerable questions)."""
+    """For `Dataset.map(batched=True, remove_columns=<all>)`: one row per window, with the first gold answer's
+    token `start_positions`/`end_positions`, or the CLS index where the window does not hold all of it."""
     enc, ctx = _tokenize(batch, tokenizer, max_length, doc_stride)
     sample = enc.pop("overflow_to_sample_mapping")
     all_offsets = enc.pop("offset_mapping")
@@ -158,15 +151,12 @@ def _probability(logits: np.ndarray, allowed: np.ndarray, i: int) -> float:
 def scored_answers(examples: datasets.Dataset, features: datasets.Dataset, start_logits: Sequence[Any],
                    end_logits: Sequence[Any], n_best: int = 20, max_answer_length: int = 30,
                    version_2: bool = False, null_threshold: float = 0.0) -> dict[str, tuple[str, float]]:
-    """(answer text, score) per example id from per-feature logits (row i belongs to `features[i]`; rows may be
-    longer than the feature, the padding is ignored).
+    """(answer text, score) per example id from per-feature logits (row i: `features[i]`, padding ignored).
 
-    Over all windows of an example: the `n_best` start and end tokens inside the context, spans with
-    start <= end and at most `max_answer_length` tokens, best start + end logit wins. With `version_2`,
-    the answer is "" when the null score (the CLS logits, the lowest over the windows) exceeds the best
-    span's score by more than `null_threshold`. An example with no valid span gets "". The score is the
-    answer's probability in its window, start times end, each a softmax over the window's context tokens (and
-    its CLS token under `version_2`; "" scores the CLS token's): what the transformers QA pipeline reports.
+    Over an example's windows, the best start + end logit among the `n_best` starts and ends in the context
+    (start <= end, at most `max_answer_length` tokens); "" without a valid span, or under `version_2` when the
+    null score (CLS logits, the lowest over the windows) beats it by more than `null_threshold`. The score is
+    the transformers QA pipeline's: start times end probability, softmaxes over the window's context (and CLS).
     """
     wanted = [c for c in ("example_id", "offset_mapping", "cls_index") if c in features.column_names]
     columns = features.select_columns(wanted).with_format(None)[:]  # one read, not row by row

@@ -33,9 +33,8 @@ def _f1(prediction: str, gold: str, version_2: bool) -> float:
 
 
 class Squad(evaluate.Metric):
-    """SQuAD v1.1 exact match and F1 in percent, each the max over the gold answers, as the official
-    script computes them. compute(predictions=[{"id", "prediction_text"}], references=[{"id", "answers":
-    {"text", "answer_start"}}]); a reference without a prediction scores 0."""
+    """SQuAD v1.1 exact match and F1 in percent, each the max over the gold answers, as the official script
+    computes them; a reference without a prediction scores 0."""
 
     version_2 = False
 

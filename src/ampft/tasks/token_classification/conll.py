@@ -1,12 +1,6 @@
-"""Token classification (NER): CoNLL files → word-aligned sub-token labels → word tags (scored by `seqeval`).
-
-A model labels sub-tokens but NER is scored per word: `tokenize_and_align` keeps each feature's `word_ids`, and
-`predictions_to_tags` reads one tag per word back (a word cut off by truncation is tagged O, so truncation
-costs recall instead of silently shrinking the gold set).
-
-Tokenizers that pad on the left get features padded to `max_length` here, so token positions are final
-and a collator adds nothing before them; with right padding, padding stays dynamic (the collator's).
-"""
+"""NER data: CoNLL files → word-aligned sub-token labels (`word_ids` kept) → one tag per word back. A word cut
+off by truncation is tagged O: truncation costs recall instead of silently shrinking the gold set. Left-padding
+tokenizers are padded to `max_length` here, so token positions are final."""
 
 from __future__ import annotations
 
@@ -87,13 +81,9 @@ def encode_tags(tags: Sequence[str], label2id: Mapping[str, int]) -> list[int]:
 def tokenize_and_align(batch: Mapping[str, list], tokenizer: PreTrainedTokenizerBase,
                        label2id: Mapping[str, int], max_length: int,
                        label_all_subtokens: bool = False) -> dict[str, list]:
-    """For `Dataset.map(batched=True)`: model inputs, `labels` (when the batch has `tags`) and `word_ids`.
-
-    `labels` gives each word's tag to its first sub-token and -100 to the rest (or, with
-    `label_all_subtokens`, the word's tag to every sub-token, I-X in place of B-X after the first, where
-    the label list has I-X); special and padding tokens get -100. `word_ids` (None for special tokens) is
-    what `predictions_to_tags` needs; keep it out of the collator.
-    """
+    """For `Dataset.map(batched=True)`: model inputs, `word_ids` and (with `tags`) `labels`: a word's tag on its
+    first sub-token, -100 on the rest and on special tokens (`label_all_subtokens`: the tag on every sub-token,
+    I-X for B-X after the first where the label list has I-X)."""
     enc = tokenizer(batch["tokens"], is_split_into_words=True, truncation=True, max_length=max_length,
                     padding="max_length" if tokenizer.padding_side == "left" else False)
     out = dict(enc)
@@ -122,12 +112,8 @@ def tokenize_and_align(batch: Mapping[str, list], tokenizer: PreTrainedTokenizer
 def predictions_to_tags(predictions: Sequence[Any], word_ids: Sequence[Sequence[int | None]],
                         id2label: Sequence[str] | Mapping[int, str],
                         num_words: Sequence[int] | None = None) -> list[list[str]]:
-    """One tag per word from token-level logits ([tokens, labels]) or label ids ([tokens]) per feature.
-
-    Each word takes its first sub-token's prediction. `predictions[i]` may be longer than the feature
-    (padding at the end of a batch is ignored). Words with no token in the feature (cut by truncation)
-    are tagged O; pass `num_words` (e.g. the length of each example's gold tags) to include them.
-    """
+    """One tag per word, its first sub-token's, from logits ([tokens, labels]) or ids ([tokens]) per feature
+    (padding past the feature ignored). Words cut by truncation are tagged O where `num_words` counts them."""
     out = []
     for i, ids in enumerate(word_ids):
         row = predictions[i]

@@ -1,9 +1,5 @@
-"""Token classification (NER, CoNLL-2003 style): `conll` (reader, sub-token alignment) and `seqeval` (entity
-scores) wired into the family interface, registered as task.family=token_classification.
-
-Data: a Hub dataset with word lists (`task.text_fields=[tokens]`) and tag lists (`task.label_column`: ClassLabel
-ids, ids into `task.labels`, or strings), or local CoNLL files; both become `tokens`/`tags` string lists.
-"""
+"""Token classification (NER, CoNLL-2003 style), task.family=token_classification: a Hub dataset with word and
+tag lists (ClassLabel ids, ids into `task.labels`, or strings) or CoNLL files, both read as `tokens`/`tags`."""
 
 from __future__ import annotations
 
@@ -25,15 +21,14 @@ from transformers import (
 )
 
 from ampft.config import SeqevalMode, TagScheme
-from ampft.data.load import PREDICT, DataError, load_splits, split_key
-from ampft.inference import predict
+from ampft.data.load import PREDICT, DataError, check_columns, load_splits, read_checked
+from ampft.inference import predict, rows
 from ampft.tasks.base import Family, column_names_unread, encoded, register
 from ampft.tasks.token_classification import conll
 from ampft.tasks.token_classification.seqeval import Seqeval
 
 log = logging.getLogger(__name__)
 
-EXTENSIONS = (".txt", ".conll")
 # The model card's example (`usage`): one sentence, as words.
 EXAMPLE = ["EU", "rejects", "German", "call", "to", "boycott", "British", "lamb", "."]
 
@@ -42,8 +37,10 @@ class TokenClassification(Family):
     name = "token_classification"
     metrics = {"seqeval": ("f1", "precision", "recall", "accuracy")}  # in percent, as conlleval prints them
     model_class = AutoModelForTokenClassification
+    collator_class = DataCollatorForTokenClassification  # pads `labels` with -100 (no loss)
     pipeline_tag = "token-classification"
     model_inputs = ("input_ids", "attention_mask", "token_type_ids", "labels")
+    extensions = (".txt", ".conll")
     files = "CoNLL files: .txt or .conll, one token per line with its tag in another field, blank line between sentences"
     one_feature_per_example = True
     evaluates_train_features = False
@@ -57,14 +54,9 @@ class TokenClassification(Family):
                             "the words of each sentence (a list)")
         return problems
 
-    def check_file(self, path: str) -> None:
-        ext = Path(path).suffix.lower()
-        if ext not in EXTENSIONS:
-            raise ValueError(f"{path}: unsupported extension {ext!r} for token classification; use {self.files}")
-
     def adapt_tokenizer(self, tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
-        """Byte-level BPE (RoBERTa, GPT-2) marks a word start with a leading space; words given one by one need
-        it added (`add_prefix_space=True`), or each is encoded as if it continued the word before."""
+        """Byte-level BPE (RoBERTa, GPT-2) marks a word start with a leading space: pre-split words need
+        `add_prefix_space=True`, or each is encoded as if it continued the word before."""
         backend = getattr(tokenizer, "backend_tokenizer", None)
         pre = getattr(backend, "pre_tokenizer", None)
         if type(pre).__name__ == "ByteLevel" and not pre.add_prefix_space:
@@ -86,12 +78,6 @@ class TokenClassification(Family):
     def fake_targets(self, batch_size: int, seq_len: int) -> dict[str, torch.Tensor]:
         return dict(labels=torch.zeros(batch_size, seq_len, dtype=torch.long))
 
-    def model_kwargs(self, labels: list[str] | None) -> dict:
-        if labels is None:
-            raise ValueError("token classification needs its labels (the tag list)")
-        return dict(num_labels=len(labels), id2label=dict(enumerate(labels)),
-                    label2id={name: i for i, name in enumerate(labels)})
-
     def cache_settings(self, task: DictConfig) -> dict:
         return {"label_all_subtokens": task.label_all_subtokens}
 
@@ -108,29 +94,19 @@ class TokenClassification(Family):
 
         return DatasetDict({s: encoded(ds, fn, desc=f"tokenizing {s}") for s, ds in raw.items()})
 
-    def collator(self, tokenizer: PreTrainedTokenizerBase, padding: str = "longest", max_length: int | None = None,
-                 pad_to_multiple_of: int | None = None):
-        # Pads `labels` with -100 (no loss); `word_ids` stays out of the batch (not a model input).
-        return DataCollatorForTokenClassification(tokenizer, padding=padding, max_length=max_length,
-                                                  pad_to_multiple_of=pad_to_multiple_of)
-
     def evaluate(self, accelerator: Accelerator, model, dataloader: DataLoader, features: Dataset,
                  examples: Dataset, task: DictConfig, labels: list[str] | None,
                  out_dir: Path | None = None, name: str = "validation") -> dict[str, float]:
         def outputs(batch, out):
-            logits = out.logits.float()
             # The loss over every labelled token of the split (not a mean of batch means): per-feature sums.
-            token_loss = torch.nn.functional.cross_entropy(logits.transpose(1, 2), batch["labels"],
+            token_loss = torch.nn.functional.cross_entropy(out.logits.float().transpose(1, 2), batch["labels"],
                                                            ignore_index=conll.IGNORE_INDEX, reduction="none")
             count = (batch["labels"] != conll.IGNORE_INDEX).sum(dim=1)
-            # Label ids, not logits, cross the ranks; each rank's batch may be padded to another width.
-            pred = accelerator.pad_across_processes(logits.argmax(dim=-1), dim=1, pad_index=conll.IGNORE_INDEX)
-            return pred, token_loss.sum(dim=1), count
+            return _tag_ids(accelerator, out), token_loss.sum(dim=1), count
 
         preds, loss_sums, counts = predict(accelerator, model, dataloader, outputs)
         gold = list(examples["tags"])
-        tags = conll.predictions_to_tags([row for batch in preds for row in batch.numpy()], list(features["word_ids"]),
-                                         labels, num_words=[len(t) for t in gold])
+        tags = _word_tags(preds, features, labels, gold)
         scores = Seqeval().compute(predictions=tags, references=gold, scheme=TagScheme(task.tag_scheme).value,
                                        mode=SeqevalMode(task.seqeval_mode).value)
         results = {k: scores[k] for k in ("precision", "recall", "f1", "accuracy")}
@@ -148,15 +124,9 @@ class TokenClassification(Family):
 
     def predict(self, accelerator: Accelerator, model, dataloader: DataLoader, features: Dataset,
                 inputs: Dataset, task: DictConfig, labels: list[str] | None) -> list[dict[str, Any]]:
-        def outputs(batch, out):
-            ids = out.logits.argmax(dim=-1)  # each rank's batch may be padded to another width
-            return (accelerator.pad_across_processes(ids, dim=1, pad_index=conll.IGNORE_INDEX),)
-
-        (parts,) = predict(accelerator, model, dataloader, outputs)
+        (parts,) = predict(accelerator, model, dataloader, lambda _, out: (_tag_ids(accelerator, out),))
         words = list(inputs["tokens"])
-        tags = conll.predictions_to_tags([row for batch in parts for row in batch.numpy()], list(features["word_ids"]),
-                                         labels, num_words=[len(w) for w in words])
-        return [{"tokens": w, "tags": t} for w, t in zip(words, tags, strict=True)]
+        return [{"tokens": w, "tags": t} for w, t in zip(words, _word_tags(parts, features, labels, words), strict=True)]
 
     def usage(self, task: DictConfig) -> str:
         return f"""import torch
@@ -178,23 +148,26 @@ print({{"tokens": words, "tags": tags}})
 """
 
 
+def _tag_ids(accelerator: Accelerator, out) -> torch.Tensor:
+    """Label ids, not logits, cross the ranks; each rank's batch may be padded to another width."""
+    return accelerator.pad_across_processes(out.logits.argmax(dim=-1), dim=1, pad_index=conll.IGNORE_INDEX)
+
+
+def _word_tags(parts: list[torch.Tensor], features: Dataset, labels: list[str], words: list[list]) -> list[list[str]]:
+    """One tag per word of each example (`words`: its words or gold tags) from the features' label ids."""
+    return conll.predictions_to_tags(rows(parts), list(features["word_ids"]), labels, num_words=[len(w) for w in words])
+
+
 def _read(path: str, split: str, token_column: int, tag_column: int | None) -> Dataset:
-    try:
-        ds = conll.read_conll(path, token_column, tag_column)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise DataError(f"{split_key(split)}={path}: not a CoNLL file: {exc}") from exc
-    if len(ds) == 0:
-        raise DataError(f"{split_key(split)}={path}: no sentences in the file")
-    return ds
+    return read_checked(lambda: conll.read_conll(path, token_column, tag_column), path, split, "sentences",
+                        "not a CoNLL file: ")
 
 
 def _tokens_and_tags(ds: Dataset, task: DictConfig, split: str) -> Dataset:
     """A Hub split's word and tag columns as `tokens` and `tags` (tag strings)."""
     words, col = task.text_fields[0], task.label_column
-    missing = [c for c in (words, col) if c not in ds.column_names]
-    if missing:
-        raise DataError(f"task={task.name}: column(s) {missing} not in the {split} split, whose columns are "
-                        f"{ds.column_names}. Set task.text_fields=[<words column>] and task.label_column=<tags column>.")
+    check_columns(ds, [words, col], f"task={task.name}", split,
+                  "Set task.text_fields=[<words column>] and task.label_column=<tags column>.")
     inner = getattr(ds.features[col], "feature", None)
     names = list(inner.names) if isinstance(inner, ClassLabel) else None
     if names is None and task.labels is not None:

@@ -1,7 +1,5 @@
-"""Entity-level scores for word tags: `Seqeval` scores entities like conlleval and seqeval's default mode
-(chunking written here: `evaluate`'s seqeval needs the Hub and the seqeval package), with seqeval's strict
-mode per scheme as an option.
-"""
+"""Entity-level scores for word tags as conlleval and seqeval compute them (default or strict mode), written
+here: `evaluate`'s seqeval needs the Hub and the seqeval package."""
 
 from __future__ import annotations
 
@@ -83,10 +81,9 @@ def _prf(correct: int, predicted: int, gold: int) -> tuple[float, float, float]:
 
 
 class Seqeval(evaluate.Metric):
-    """Entity-level precision, recall and F1 (micro over all entities, and per type) and token accuracy,
-    in percent as conlleval prints them. compute(predictions, references, scheme="IOB2", mode="default"):
-    one list of tags per sentence each; `mode="strict"` is seqeval's strict mode for the scheme.
-    Keys: precision, recall, f1, accuracy, and <TYPE>/precision, /recall, /f1, /number (gold count)."""
+    """Entity-level precision, recall and F1 (micro, and per type) and token accuracy, in percent as conlleval
+    prints them, from one list of tags per sentence. Keys: precision, recall, f1, accuracy, <TYPE>/precision,
+    /recall, /f1, /number (gold count)."""
 
     def _info(self) -> evaluate.MetricInfo:
         tags = datasets.List(datasets.Value("string"))
