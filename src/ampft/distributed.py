@@ -1,8 +1,5 @@
-"""The distributed group → Accelerate plugins, and the DeepSpeed config generated from Hydra.
-
-The DeepSpeed config is built from the distributed, trainer and precision groups, so its precision can never
-disagree with the run's precision group.
-"""
+"""The distributed group → Accelerate plugins, and the DeepSpeed config generated from the distributed, trainer
+and precision groups (so its precision can never disagree with the run's precision group)."""
 
 from __future__ import annotations
 
@@ -24,34 +21,20 @@ log = logging.getLogger(__name__)
 def deepspeed_config(cfg: DictConfig) -> tuple[dict[str, Any], list[str]]:
     """(DeepSpeed config dict, caveats about keys DeepSpeed cannot honour)."""
     d, tr = cfg.distributed, cfg.trainer
-    zero: dict[str, Any] = {
-        "stage": d.zero_stage,
-        "overlap_comm": True,
-        "contiguous_gradients": True,
-        "reduce_bucket_size": d.reduce_bucket_size,
-        "allgather_bucket_size": d.allgather_bucket_size,
-    }
-    if d.zero_stage == 3:
-        zero.update(
-            stage3_prefetch_bucket_size=d.stage3_prefetch_bucket_size,
-            stage3_param_persistence_threshold=d.stage3_param_persistence_threshold,
-            # The export consolidates the shards into one 16-bit (or fp32) state dict.
-            stage3_gather_16bit_weights_on_model_save=True,
-        )
-    if d.offload_optimizer:
-        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
-    if d.offload_param:
-        zero["offload_param"] = {"device": "cpu", "pin_memory": True}
+    zero: dict[str, Any] = dict(stage=d.zero_stage, overlap_comm=True, contiguous_gradients=True,
+                                reduce_bucket_size=d.reduce_bucket_size, allgather_bucket_size=d.allgather_bucket_size)
+    if d.zero_stage == 3:  # the export consolidates the shards into one 16-bit (or fp32) state dict
+        zero.update(stage3_prefetch_bucket_size=d.stage3_prefetch_bucket_size,
+                    stage3_param_persistence_threshold=d.stage3_param_persistence_threshold,
+                    stage3_gather_16bit_weights_on_model_save=True)
+    for part in ("optimizer", "param"):
+        if d[f"offload_{part}"]:
+            zero[f"offload_{part}"] = {"device": "cpu", "pin_memory": True}
     section, caveats = deepspeed_section(cfg.precision, d.deepspeed_precision)
-    config = {
-        "train_micro_batch_size_per_gpu": tr.batch_size,
-        "gradient_accumulation_steps": tr.grad_accum,
-        "gradient_clipping": tr.max_grad_norm,
-        "zero_optimization": zero,
-        **section,
-        "steps_per_print": 2**31 - 1,  # ampft logs; DeepSpeed's own step prints stay off
-        "wall_clock_breakdown": False,
-    }
+    config = dict(train_micro_batch_size_per_gpu=tr.batch_size, gradient_accumulation_steps=tr.grad_accum,
+                  gradient_clipping=tr.max_grad_norm, zero_optimization=zero, **section,
+                  steps_per_print=2**31 - 1,  # ampft logs; DeepSpeed's own step prints stay off
+                  wall_clock_breakdown=False)
     return config, caveats
 
 
@@ -119,12 +102,9 @@ def launcher_checkpointing_problem(env: dict[str, str] | None = None) -> str | N
 
 
 def fsdp_on_cpu(accelerator, plugin) -> None:
-    """Run FSDP2 on CPU ranks through Accelerate's own FSDP path.
-
-    Accelerate 1.15 takes an FSDP plugin only for GPU-like worlds, so on CPU ranks it silently runs plain DDP;
-    `fully_shard` runs on gloo, so ampft finishes the set-up Accelerate skipped (the FSDP type, the plugin, its
-    mixed-precision policy) and everything after is Accelerate's unchanged FSDP2 code.
-    """
+    """Run FSDP2 on CPU ranks through Accelerate's own FSDP path: Accelerate 1.15 takes an FSDP plugin only for
+    GPU-like worlds (on CPU ranks it silently runs DDP), but `fully_shard` runs on gloo, so ampft finishes the
+    set-up Accelerate skipped (the FSDP type, the plugin, its mixed-precision policy)."""
     from accelerate.state import PartialState
     from accelerate.utils import DistributedType
 
@@ -193,9 +173,7 @@ def check_world(accelerator) -> None:
     """Refuse a run whose ranks would each train alone: every rank must see the launcher's world size."""
     import torch.distributed as dist
 
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if dist.is_available() and dist.is_initialized():
-        world = dist.get_world_size()
+    world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else int(os.environ.get("WORLD_SIZE", 1))
     if world != accelerator.num_processes:
         raise ConfigError([
             f"the launcher started {world} ranks but Accelerate set up {accelerator.num_processes} process(es) "

@@ -1,11 +1,7 @@
 """The training loop, readable top to bottom: `fit` first, then the step it runs (`train_step`), the window of
 what happened since the last logging point (`Window`: losses, throughput, divergence checks), and the state a
-checkpoint keeps (`TrainState`).
-
-Counters: `state.step` counts optimizer updates that were applied. A step skipped by the fp16 loss scaler
-(overflow) advances neither `state.step` nor the LR scheduler, so evaluation, checkpoint and logging intervals
-and `trainer.max_steps` are all in applied updates; skipped steps are counted apart in `state.skipped`. Losses
-and token counts stay on the device and are read only at logging points.
+checkpoint keeps (`TrainState`). `state.step` counts applied optimizer updates: a step the fp16 loss scaler skips
+advances neither it nor the LR scheduler, and is counted in `state.skipped` (docs/architecture.md, Counters).
 """
 
 from __future__ import annotations
@@ -66,9 +62,8 @@ def fit(t: Training) -> TrainState:
                 window.add(result, chunks)
                 if not result.synced:  # inside a gradient accumulation (trainer.grad_accum)
                     continue
-                if result.skipped:  # fp16 overflow: no update, no scheduler step; counted apart (before the checks)
-                    st.skipped += 1
-                window.end_step(st.step, result.skipped)
+                st.skipped += result.skipped  # fp16 overflow: no update, no scheduler step; counted apart
+                window.end_step(st.step, result.skipped)  # the divergence checks of each step attempt
                 if result.skipped:
                     continue
                 st.step += 1
@@ -101,9 +96,7 @@ def fit(t: Training) -> TrainState:
                     evaluate(t, window)
                     done = stop_early(t)
 
-        window.fold(st)
-        if window.batches:  # the last, partial logging window
-            window.close(st)
+        window.close(st)  # the last, partial logging window
         window.check(st.step)
         st.loss_scale = window.scale
         if st.eval_step != st.step:
@@ -123,9 +116,7 @@ def rest_of_epoch(t: Training) -> torch.utils.data.DataLoader:
 def log_window(t: Training, window: Window) -> None:
     """The window since the last logging point into the state and metrics.jsonl, then its divergence checks."""
     st = t.state
-    window.fold(st)
-    skipped_in_window = window.skipped
-    window.close(st)
+    skipped_in_window = window.close(st)
     values = dict(
         loss=st.last_loss,
         lr=window.lr,  # the logged step's, as the Trainer logs it (not the next step's)
@@ -144,9 +135,8 @@ def log_window(t: Training, window: Window) -> None:
 
 
 def evaluate(t: Training, window: Window) -> dict[str, float]:
-    """Every validation split (`tasks.evaluate`: metrics, loss, samples), folded into the best so far. Under
-    torch.compile the eager module evaluates: the compiled graphs are the training step's (eval mode would
-    compile a second set for a few hundred batches)."""
+    """Every validation split (`tasks.evaluate`), folded into the best so far. Under torch.compile the eager module
+    evaluates (eval mode would compile a second set of graphs for a few hundred batches)."""
     st, ck = t.state, t.cfg.checkpoint
     window.fold(st)  # evaluation time is not training time
     model = t.model._orig_mod if is_compiled_module(t.model) else t.model
@@ -174,11 +164,9 @@ def checkpoint(t: Training, window: Window, parent: Path | None) -> Path:
             evaluate(t, window)
         metric = {"name": name, "value": st.eval_results[name]}
     info = dict(epoch=st.epoch, batch_in_epoch=st.batch_in_epoch, loss=st.last_loss, metric=metric)
-    saved = checkpointing.save(
-        t.accelerator, t.run_dir, st.step, info, st.state_dict(), to_plain(t.cfg),
-        t.accelerator.unwrap_model(t.model).config, ck.keep_last, ck.keep_best,
-        metric_mode(name, ck.mode), parent=parent,
-        scheduler=t.scheduler, run_id=t.run_id)
+    saved = checkpointing.save(t.accelerator, t.run_dir, st.step, info, st.state_dict(), to_plain(t.cfg),
+                               t.accelerator.unwrap_model(t.model).config, ck.keep_last, ck.keep_best,
+                               metric_mode(name, ck.mode), parent=parent, scheduler=t.scheduler, run_id=t.run_id)
     window.track(saved)
     window.restart()
     return saved
@@ -213,15 +201,13 @@ def any_rank(acc: Accelerator, flag: bool, step: int, log_every: int) -> bool:
 def preemption_signals():
     """Turn SIGTERM and SIGUSR1 into a flag the loop reads at step boundaries (main thread only)."""
     flag = {"signal": None}
-    if threading.current_thread() is not threading.main_thread():
-        yield flag
-        return
 
     def handler(signum, frame):
         flag["signal"] = signal.Signals(signum).name
         log.warning("%s received: will checkpoint at the next step boundary and exit", flag["signal"])
 
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGUSR1)}
+    previous = ({sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGUSR1)}
+                if threading.current_thread() is threading.main_thread() else {})
     try:
         yield flag
     finally:
@@ -244,11 +230,10 @@ def train_step(acc: Accelerator, model: torch.nn.Module, optimizer, scheduler, b
                max_grad_norm: float, want_grad_norm: bool = False) -> StepResult:
     """One micro-batch of training, the one way ampft trains (`fit` and the speed benchmark both call this).
 
-    A batch split into length chunks (a list, `ampft.data.LengthChunks`) runs one forward and backward per chunk,
-    each weighted by its share of the loss terms (`loss_terms`), gradients synchronised on the last chunk only.
-    On the last micro-batch of an accumulation: clip (which unscales fp16 gradients; the norm is inf/NaN on
-    overflow), or only compute the norm if `want_grad_norm`; the optimizer step, which the loss scaler skips on
-    overflow; the LR scheduler only for an applied update."""
+    Length chunks (a list, `ampft.data.LengthChunks`): one forward and backward each, weighted by its share of the
+    loss terms, gradients synced on the last. At the end of an accumulation: clip (which unscales fp16 gradients;
+    the norm is inf/NaN on overflow) or only the norm if `want_grad_norm`, the optimizer step (skipped by the loss
+    scaler on overflow), the LR scheduler only for an applied update."""
     grad_norm = None
     chunks = batch if isinstance(batch, list) else [batch]
     if len(chunks) > 1:  # each chunk's share of the batch's loss terms (a whole batch needs no weight)
@@ -268,10 +253,9 @@ def train_step(acc: Accelerator, model: torch.nn.Module, optimizer, scheduler, b
         optimizer.step()  # Accelerate steps only on the last micro-batch of an accumulation
         optimizer.zero_grad(set_to_none=True)
     synced = acc.sync_gradients
-    skipped = synced and optimizer.step_was_skipped
-    lr = None
-    if synced and not skipped:
-        lr = scheduler.get_last_lr()[0]
+    skipped = bool(synced and optimizer.step_was_skipped)
+    lr = scheduler.get_last_lr()[0] if synced and not skipped else None
+    if lr is not None:
         scheduler.step()
     return StepResult(loss, synced, skipped, grad_norm, lr)
 
@@ -288,78 +272,60 @@ def loss_terms(batch: dict) -> torch.Tensor:
 
 class Window:
     """What happened since the last logging point, kept on the device and read there (one host sync each): losses,
-    skipped steps, tokens, samples, time, the newest gradient norm (kept across windows: without clipping only
-    logged steps compute one) and the newest applied learning rate. The divergence guard watches the same losses.
+    skipped steps, tokens, samples, time, the newest gradient norm and applied learning rate. The divergence guard
+    watches the same losses, without a host sync per step: runs of non-finite steps (a device-side counter read
+    every `max_consecutive_nonfinite` attempts and at every `check`), the fp16 loss scale (read after every step:
+    GradScaler syncs there anyway), a loss explosion (the mean since the last `check` against the first loss).
+    `check` runs at logging points and before every checkpoint, so none is written after exploded losses.
 
-    Divergence, without a host sync per step: a device-side counter of consecutive non-finite steps, read every
-    `max_consecutive_nonfinite` attempts and at every `check`; under fp16 the loss scale, read after every step
-    (GradScaler syncs there anyway), its changes kept for the error message; a loss explosion (the mean since the
-    last `check` above `precision.max_loss_ratio` x the first micro-batch's loss). `check` runs at logging points
-    and before every checkpoint, so no checkpoint is written after exploded losses.
-
-    Checkpoint health: a loss is computed with the weights before the update, so a checkpoint is known good only
-    once the first update trained from it passes the same checks; the verdict goes into its manifest. A
-    divergence marks the checkpoint not judged yet as diverged and names the newest one known good.
-    """
+    A loss is computed with the weights before the update, so a checkpoint is known good only once the first
+    update trained from it passes the same checks (the verdict goes into its manifest); a divergence marks the
+    one not judged yet as diverged and names the newest one known good."""
 
     def __init__(self, acc: Accelerator, p: DictConfig, st: TrainState, run_dir: Path):
         self.acc, self.p, self.st = acc, p, st
         self.own = (Path(run_dir) / "checkpoints").resolve()  # health verdicts are written only in here
-        # The logging window.
-        self.loss = torch.zeros((), device=acc.device)
-        self.batches = 0
-        self.skipped = 0
-        self.grad_norm: torch.Tensor | None = None
+        zero = lambda dtype=torch.float: torch.zeros((), dtype=dtype, device=acc.device)  # noqa: E731
+        # Loss sums on the device, and their counts: the logging window's, since the last `check` (the divergence
+        # guard's), and those computed with the pending checkpoint's weights (its health).
+        self.loss, self.unchecked, self.probe_sum = zero(), zero(), zero()
+        self.batches = self.unchecked_n = self.probe_n = self.skipped = self.samples = self.attempts = 0
+        self.first: torch.Tensor | None = None  # the first micro-batch's loss (st.initial_loss at the first check)
+        self.tokens = zero(torch.long)
+        self.grad_norm: torch.Tensor | None = None  # kept across windows: without clipping only logged steps have one
         self.lr: float | None = None
-        self.tokens = torch.zeros((), dtype=torch.long, device=acc.device)
-        self.samples = 0
         self.tic = time.perf_counter()
-        # The divergence guard: the losses since the last `check`, runs of non-finite steps, the loss scale.
-        self.unchecked = torch.zeros((), device=acc.device)
-        self.unchecked_n = 0
-        self.first: torch.Tensor | None = None
-        self.step_bad = torch.zeros((), dtype=torch.bool, device=acc.device)
-        self.run = torch.zeros((), dtype=torch.long, device=acc.device)
-        self.worst = torch.zeros((), dtype=torch.long, device=acc.device)
-        self.attempts = 0
-        self.history: deque[tuple[int, float]] = deque(maxlen=12)
+        # Non-finite losses: in this step, the current run of such steps, the longest run.
+        self.step_bad, self.run, self.worst = zero(torch.bool), zero(torch.long), zero(torch.long)
         self.scale = acc.scaler.get_scale() if acc.scaler is not None else None
-        if self.scale is not None:
-            self.history.append((0, self.scale))
-        # Checkpoint health.
+        self.history: deque[tuple[int, float]] = deque([] if self.scale is None else [(0, self.scale)], maxlen=12)
         self.pending: Path | None = None  # the newest checkpoint, its own weights not judged yet
         self.good: Path | None = None  # the newest checkpoint of this line known good
         self.good_health: dict = {}  # its verdict: the loss its weights produced, and in which step
-        self.probe_sum = torch.zeros((), device=acc.device)  # losses computed with the pending checkpoint's weights
-        self.probe_n = 0
 
     def add(self, step: StepResult, chunks: list[dict]) -> None:
         """One micro-batch (no host sync)."""
         loss = step.loss.detach().float()
         self.loss += loss
-        self.batches += 1
-        if step.grad_norm is not None:
-            self.grad_norm = step.grad_norm
-        if step.lr is not None:
-            self.lr = step.lr
-        for chunk in chunks:
-            self.tokens += chunk["attention_mask"].sum()
-            self.samples += chunk["input_ids"].shape[0]  # QA batches have start/end positions, no labels
-        self.step_bad |= ~torch.isfinite(loss)
         self.unchecked += loss
+        self.batches += 1
         self.unchecked_n += 1
         if self.pending is not None:
             self.probe_sum += loss
             self.probe_n += 1
         if self.first is None and self.st.initial_loss is None:
             self.first = loss.clone()
+        self.step_bad |= ~torch.isfinite(loss)
+        self.grad_norm = self.grad_norm if step.grad_norm is None else step.grad_norm
+        self.lr = self.lr if step.lr is None else step.lr
+        self.tokens += sum(chunk["attention_mask"].sum() for chunk in chunks)
+        self.samples += sum(chunk["input_ids"].shape[0] for chunk in chunks)  # QA batches have no labels
 
     def end_step(self, step: int, skipped: bool) -> None:
         """After each optimizer step attempt (applied or `skipped`): the run of non-finite steps, the loss scale."""
-        if skipped:
-            self.skipped += 1
+        self.skipped += skipped
         self.attempts += 1
-        self.run = torch.where(self.step_bad, self.run + 1, torch.zeros_like(self.run))
+        self.run = (self.run + 1) * self.step_bad
         self.worst = torch.maximum(self.worst, self.run)
         self.step_bad.zero_()
         if self.scale is not None:
@@ -373,7 +339,8 @@ class Window:
         if self.attempts % self.p.max_consecutive_nonfinite == 0:
             self.check_nonfinite(step)
         if skipped:  # the pending checkpoint's verdict is taken from the update that is applied
-            self.reset_probe()
+            self.probe_sum.zero_()
+            self.probe_n = 0
 
     def fold(self, st: TrainState) -> None:
         """Add the tokens and samples counted and the time since the last fold or restart (one host sync)."""
@@ -388,14 +355,18 @@ class Window:
         """Training time starts again (after an evaluation or a checkpoint, which it does not count)."""
         self.tic = time.perf_counter()
 
-    def close(self, st: TrainState) -> None:
-        """Fold the window's losses into the state (the host sync for the loss) and start a new window."""
-        total = float(self.acc.reduce(self.loss, reduction="mean"))
-        st.loss_sum += total
-        st.loss_batches += self.batches
-        st.last_loss = total / self.batches
-        self.loss.zero_()
-        self.batches, self.skipped = 0, 0
+    def close(self, st: TrainState) -> int:
+        """Fold, then the window's losses into the state (the host sync for the loss); a new window starts.
+        Returns the steps it skipped."""
+        self.fold(st)
+        if self.batches:
+            total = float(self.acc.reduce(self.loss, reduction="mean"))
+            st.loss_sum += total
+            st.loss_batches += self.batches
+            st.last_loss = total / self.batches
+            self.loss.zero_()
+        skipped, self.skipped, self.batches = self.skipped, 0, 0
+        return skipped
 
     def check(self, step: int) -> None:
         """The divergence checks: runs of non-finite losses, then the mean loss since the last check against the
@@ -408,7 +379,7 @@ class Window:
         self.unchecked_n = 0
         if self.st.initial_loss is None and self.first is not None:
             self.st.initial_loss = float(self.acc.reduce(self.first, reduction="mean"))
-        if math.isfinite(mean) and (why := self.exploded(mean)):  # non-finite: the consecutive count decides
+        if math.isfinite(mean) and (why := self.exploded(mean)):  # non-finite: the run count decides
             self.fail(step, f"{why} (the mean over the last steps)")
 
     def check_nonfinite(self, step: int) -> None:
@@ -439,10 +410,6 @@ class Window:
             if self.good is None:  # a resume: the newest known good among its ancestors
                 self.good = checkpointing.known_good(checkpoint)
                 self.good_health = {} if self.good is None else checkpointing.manifest(self.good)["health"]
-        self.reset_probe()
-
-    def reset_probe(self) -> None:
-        """Start measuring the pending checkpoint's weights afresh."""
         self.probe_sum.zero_()
         self.probe_n = 0
 
@@ -452,8 +419,7 @@ class Window:
         if self.pending is None or not self.probe_n:
             return
         loss = float(self.acc.reduce(self.probe_sum, reduction="mean")) / self.probe_n
-        why = self.exploded(loss)
-        if why is not None:
+        if why := self.exploded(loss):
             self.fail(step, f"{why} in the first update trained from checkpoint {self.pending.name}", loss)
         self.record(True, loss, step)
         self.good, self.pending, self.good_health = self.pending, None, {"loss": loss, "step": step}
@@ -475,21 +441,16 @@ class Window:
             written = (f"Checkpoint {self.pending} holds the weights that produced these losses (it was written "
                        f"before they were seen): {marked}.")
             self.pending = None
-        good = self.good if self.good is not None and self.good.is_dir() else None
-        if good is not None:
-            h = self.good_health
-            kept = (f"The newest checkpoint known good is {good} (step {checkpointing.manifest(good)['step']}: the loss "
-                    f"its weights produced in step {h.get('step')}, {h.get('loss', float('nan')):.4g}, passed these "
-                    f"checks); resume from it with a fix: checkpoint.resume={good} checkpoint.allow_config_change=true.")
-        else:
-            kept = "No checkpoint of this run is known good to go back to."
+        good, h = self.good, self.good_health
+        kept = (f"The newest checkpoint known good is {good} (step {checkpointing.manifest(good)['step']}: the loss "
+                f"its weights produced in step {h.get('step')}, {h.get('loss', float('nan')):.4g}, passed these "
+                f"checks); resume from it with a fix: checkpoint.resume={good} checkpoint.allow_config_change=true."
+                if good is not None and good.is_dir() else "No checkpoint of this run is known good to go back to.")
         raise TrainingDiverged(
-            f"training diverged at step {step}: {what}.\n"
-            f"  loss-scale history: {history}\n"
+            f"training diverged at step {step}: {what}.\n  loss-scale history: {history}\n"
             "  likely fixes: precision=bf16 (fp32's range, no loss scaling); a lower optim.lr or more "
             "scheduler.warmup_steps; trainer.max_grad_norm=1.0; for fp16 a smaller precision.init_scale.\n"
-            f"  {written} {kept}"
-        )
+            f"  {written} {kept}")
 
 
 def weights_finite(model: torch.nn.Module, acc: Accelerator | None = None) -> bool:
@@ -565,20 +526,16 @@ class TrainState:
         if problems:
             raise checkpointing.CheckpointError(f"{checkpointing.TRAIN_STATE} does not hold an ampft training state: "
                                                 + "; ".join(problems))
-        for k, v in state.items():
-            setattr(self, k, v)
+        vars(self).update(state)
 
 
 def _fits(value, annotation: str) -> bool:
-    """`value` is JSON data of the annotated type (`int`, `float`, `dict | None`, ...); a dict maps names to
-    numbers (evaluation results)."""
+    """`value` is JSON data of the annotated type (`int`, `float`, `dict | None`, ...)."""
+    if isinstance(value, dict):  # evaluation results: names to numbers
+        return "dict" in annotation and all(isinstance(k, str) and isinstance(v, int | float) and not isinstance(v, bool)
+                                            for k, v in value.items())
     kinds = {"int": (int,), "float": (int, float), "dict": (dict,), "None": (type(None),)}
-    if isinstance(value, bool):
-        return False
-    if isinstance(value, dict) and not all(isinstance(k, str) and isinstance(v, int | float) and not isinstance(v, bool)
-                                           for k, v in value.items()):
-        return False
-    return any(isinstance(value, kinds[a.strip()]) for a in annotation.split("|"))
+    return not isinstance(value, bool) and any(isinstance(value, kinds[a.strip()]) for a in annotation.split("|"))
 
 
 def track_best(st: TrainState, results: dict[str, float], metric: str, mode: str) -> bool:

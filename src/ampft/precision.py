@@ -44,10 +44,8 @@ def _fp32_precision_api() -> bool:
 def set_tf32(enabled: bool) -> None:
     """TF32 for CUDA matmuls and cuDNN convolutions (and RNNs); off means IEEE fp32 everywhere."""
     if _fp32_precision_api():
-        mode = "tf32" if enabled else "ieee"
-        torch.backends.cuda.matmul.fp32_precision = mode
-        torch.backends.cudnn.conv.fp32_precision = mode
-        torch.backends.cudnn.rnn.fp32_precision = mode
+        for backend in (torch.backends.cuda.matmul, torch.backends.cudnn.conv, torch.backends.cudnn.rnn):
+            backend.fp32_precision = "tf32" if enabled else "ieee"
         return
     torch.backends.cuda.matmul.allow_tf32 = enabled
     torch.backends.cudnn.allow_tf32 = enabled
@@ -63,12 +61,8 @@ def tf32_enabled() -> bool:
 
 def grad_scaler_kwargs(p: DictConfig) -> dict:
     """torch.amp.GradScaler arguments from the precision group's loss-scaling keys."""
-    return dict(
-        init_scale=float(p.init_scale),
-        growth_factor=float(p.growth_factor),
-        backoff_factor=float(p.backoff_factor),
-        growth_interval=int(p.growth_interval),
-    )
+    return dict(init_scale=float(p.init_scale), growth_factor=float(p.growth_factor),
+                backoff_factor=float(p.backoff_factor), growth_interval=int(p.growth_interval))
 
 
 def accelerator_kwargs(p: DictConfig) -> dict:
@@ -91,7 +85,8 @@ class StaticGradScaler(torch.amp.GradScaler):
 
 
 def setup(accelerator: Accelerator, p: DictConfig) -> str:
-    """Apply the precision group to a fresh Accelerator (before `prepare`); return what will run."""
+    """Apply the precision group to a fresh Accelerator (before `prepare`); return what will run (tf32 asked
+    for where there is none runs as fp32)."""
     set_tf32(p.name == Precision.tf32 and tf32_supported())
     if p.name == Precision.fp16 and accelerator.distributed_type.value != "DEEPSPEED":
         device = accelerator.device.type
@@ -105,14 +100,7 @@ def setup(accelerator: Accelerator, p: DictConfig) -> str:
             accelerator.native_amp = True
             accelerator.scaler = torch.amp.GradScaler("cpu", **grad_scaler_kwargs(p))
     check_effective(accelerator, p)
-    return effective(accelerator, p)
-
-
-def effective(accelerator: Accelerator, p: DictConfig) -> str:
-    """The precision that actually runs: tf32 requested where there is none runs as fp32."""
-    if p.name == Precision.tf32 and not tf32_enabled():
-        return "fp32"
-    return Precision(p.name).value
+    return "fp32" if p.name == Precision.tf32 and not tf32_enabled() else Precision(p.name).value
 
 
 def deepspeed_mode(p: DictConfig, mode: str = "auto") -> str | None:
@@ -122,9 +110,7 @@ def deepspeed_mode(p: DictConfig, mode: str = "auto") -> str | None:
     if p.name not in (Precision.fp16, Precision.bf16):
         return None
     mode = getattr(mode, "value", mode)
-    if mode == "auto":
-        return "autocast" if p.name == Precision.bf16 else "half"
-    return mode
+    return ("autocast" if p.name == Precision.bf16 else "half") if mode == "auto" else mode
 
 
 def deepspeed_section(p: DictConfig, mode: str = "auto") -> tuple[dict, list[str]]:
@@ -134,9 +120,8 @@ def deepspeed_section(p: DictConfig, mode: str = "auto") -> tuple[dict, list[str
     if deepspeed_mode(p, mode) == "autocast":
         # fp32 weights, gradients and gradient reduction (no lower-precision communication), 16-bit
         # autocast in the forward pass: the same arithmetic as torch autocast with one process or DDP.
-        dtype = "float16" if fp16 else "bfloat16"
-        return {"fp16": {"enabled": False}, "bf16": {"enabled": False},
-                "torch_autocast": {"enabled": True, "dtype": dtype, "lower_precision_safe_modules": []}}, caveats
+        return {"fp16": {"enabled": False}, "bf16": {"enabled": False}, "torch_autocast": {
+            "enabled": True, "dtype": "float16" if fp16 else "bfloat16", "lower_precision_safe_modules": []}}, caveats
     section: dict = {"fp16": {"enabled": fp16}, "bf16": {"enabled": p.name == Precision.bf16}}
     if fp16:
         power = math.log2(p.init_scale)
@@ -158,20 +143,16 @@ def deepspeed_section(p: DictConfig, mode: str = "auto") -> tuple[dict, list[str
 
 def check_effective(accelerator: Accelerator, p: DictConfig) -> None:
     """Refuse to train in a precision other than the one asked for."""
-    want = mixed_precision(p.name)
     if accelerator.distributed_type.value == "DEEPSPEED":
         return  # DeepSpeed's engine owns autocast and scaling; its config is generated from `p`.
-    ok = accelerator.mixed_precision == want and (
-        want == "no" or (accelerator.native_amp and (want != "fp16" or accelerator.scaler is not None))
-    )
-    if not ok:
-        raise RuntimeError(
-            f"precision={p.name.value} was requested but Accelerate set up mixed_precision="
-            f"{accelerator.mixed_precision!r} (autocast={accelerator.native_amp}, "
-            f"scaler={accelerator.scaler is not None}) on {accelerator.device}. Refusing to run in a "
-            "precision other than the one asked for: check the accelerate launch config "
-            "(`mixed_precision` there must not be set; the precision group decides)."
-        )
+    want = mixed_precision(p.name)
+    amp = want == "no" or accelerator.native_amp and (want != "fp16" or accelerator.scaler is not None)
+    if accelerator.mixed_precision != want or not amp:
+        raise RuntimeError(f"precision={p.name.value} was requested but Accelerate set up mixed_precision="
+                           f"{accelerator.mixed_precision!r} (autocast={accelerator.native_amp}, "
+                           f"scaler={accelerator.scaler is not None}) on {accelerator.device}. Refusing to run in a "
+                           "precision other than the one asked for: check the accelerate launch config "
+                           "(`mixed_precision` there must not be set; the precision group decides).")
 
 
 def launcher_precision_problem(name: Precision, env: dict[str, str] | None = None) -> str | None:
@@ -182,7 +163,7 @@ def launcher_precision_problem(name: Precision, env: dict[str, str] | None = Non
     want = mixed_precision(name)
     if told in ("", "no", want):
         return None
-    fix = {"fp16": "precision=fp16", "bf16": "precision=bf16"}.get(told)
+    fix = f"precision={told}" if told in ("fp16", "bf16") else None
     return (f"Accelerate was told mixed_precision={told} (accelerate launch --mixed_precision, mixed_precision in "
             f"its config file, or ACCELERATE_MIXED_PRECISION) but the precision group says precision="
             f"{Precision(name).value} (Accelerate's mixed_precision={want}). In ampft the precision group is the one "
@@ -192,9 +173,7 @@ def launcher_precision_problem(name: Precision, env: dict[str, str] | None = Non
 
 def preflight(cfg: DictConfig) -> tuple[list[str], list[str]]:
     """Hardware/precision problems (errors) and caveats (warnings), found before any model is built."""
-    errors: list[str] = []
-    warnings: list[str] = []
-    p = cfg.precision
+    errors, warnings, p = [], [], cfg.precision
     if problem := launcher_precision_problem(p.name):
         errors.append(problem)
     cuda = torch.cuda.is_available() and not cfg.trainer.cpu
@@ -202,30 +181,24 @@ def preflight(cfg: DictConfig) -> tuple[list[str], list[str]]:
     if p.name == Precision.bf16 and cuda and not torch.cuda.is_bf16_supported():
         errors.append(f"precision=bf16 but {gpu} has no bf16 support: use precision=fp16 (dynamic loss scaling)")
     if p.name == Precision.bf16 and not cuda and not cpu_half_support(cpu_flags())["bf16"]:
-        warnings.append(
-            "precision=bf16 on a CPU without AVX512-BF16 or AMX-BF16: its bf16 matrix products have no hardware "
-            f"path, so training runs many times slower than fp32 ({CPU_SPEED_DOC}). Use precision=fp32 on this "
-            "CPU; bf16 pays on a CPU with those flags or on a GPU."
-        )
+        warnings.append("precision=bf16 on a CPU without AVX512-BF16 or AMX-BF16: its bf16 matrix products have no "
+                        f"hardware path, so training runs many times slower than fp32 ({CPU_SPEED_DOC}). Use "
+                        "precision=fp32 on this CPU; bf16 pays on a CPU with those flags or on a GPU.")
     if p.name == Precision.tf32 and not (cuda and tf32_supported()):
         warnings.append(f"precision=tf32: {gpu or 'CPU'} has no TF32 tensor cores, so this runs as plain fp32")
     if p.name == Precision.fp16:
         if not cuda:
-            warnings.append(
-                "precision=fp16 on CPU runs real float16 autocast with a dynamic GradScaler: correct, but its "
-                "speed depends on native float16 support (AVX512-FP16 or AMX-FP16): "
-                + cpu_fp16_note(cpu_flags()) + ". For speed on a CPU use precision=bf16 where it has "
-                "AVX512-BF16/AMX-BF16."
-            )
+            warnings.append("precision=fp16 on CPU runs real float16 autocast with a dynamic GradScaler: correct, but "
+                            "its speed depends on native float16 support (AVX512-FP16 or AMX-FP16): "
+                            f"{cpu_fp16_note(cpu_flags())}. For speed on a CPU use precision=bf16 where it has "
+                            "AVX512-BF16/AMX-BF16.")
         if p.hysteresis != 1:
             warnings.append(f"precision.hysteresis={p.hysteresis} is honoured by DeepSpeed only; torch's GradScaler "
                             "backs off on the first overflow")
         if p.init_scale <= 0 or not 0 < p.backoff_factor < 1 or p.growth_factor <= 1 or p.growth_interval < 1:
-            errors.append(
-                "precision loss scaling needs init_scale > 0, 0 < backoff_factor < 1, growth_factor > 1, "
-                f"growth_interval >= 1; got init_scale={p.init_scale}, backoff_factor={p.backoff_factor}, "
-                f"growth_factor={p.growth_factor}, growth_interval={p.growth_interval}"
-            )
+            errors.append("precision loss scaling needs init_scale > 0, 0 < backoff_factor < 1, growth_factor > 1, "
+                          f"growth_interval >= 1; got init_scale={p.init_scale}, backoff_factor={p.backoff_factor}, "
+                          f"growth_factor={p.growth_factor}, growth_interval={p.growth_interval}")
     if p.max_consecutive_nonfinite < 1:
         errors.append(f"precision.max_consecutive_nonfinite={p.max_consecutive_nonfinite}: must be >= 1")
     if not (p.max_loss_ratio == 0 or p.max_loss_ratio > 1):

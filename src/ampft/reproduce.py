@@ -75,10 +75,9 @@ def report(summary: dict[str, Any], cfg: DictConfig, recipe: DictConfig, budget:
         ours = None if value is None else value * scale
         rows.append(dict(metric=metric, run=ours, published=float(published),
                          gap=None if ours is None else ours - float(published)))
-    planned = recipe.trainer.max_steps if recipe.trainer.max_steps > 0 else None
-    used = dict(steps=summary["steps"], epochs=summary["epochs"], train_seconds=summary["train_seconds"],
-                wall_seconds=summary["wall_seconds"], train_samples=summary["train_samples"])
-    share = summary["epochs"] / recipe.trainer.epochs if planned is None else summary["steps"] / planned
+    used = {k: summary[k] for k in ("steps", "epochs", "train_seconds", "wall_seconds", "train_samples")}
+    planned = recipe.trainer.max_steps
+    share = summary["steps"] / planned if planned > 0 else summary["epochs"] / recipe.trainer.epochs
     trail = _train_losses(Path(summary["run_dir"]))
     data = dict(experiment=experiment, budget=budget, used=used, share_of_recipe=share, model=cfg.model.name,
                 recipe_model=recipe.model.name, precision=summary["precision"], device=summary["device_name"],
@@ -128,10 +127,7 @@ def main(argv: list[str]) -> None:
     runs = [o.split("=", 1)[1] for o in overrides if o.startswith("hydra.run.dir=")]
     run_dir = Path(runs[-1] if runs else f"runs/reproduce/{experiment}/{time.strftime('%Y-%m-%d_%H-%M-%S')}")
     overrides = [o for o in overrides if not o.startswith("hydra.run.dir=")]
-    if "steps" in budget:
-        overrides.append(f"trainer.max_steps={budget['steps']}")
-    if "minutes" in budget:
-        overrides.append(f"trainer.max_minutes={budget['minutes']}")
+    overrides += [f"trainer.max_{key}={value}" for key, value in budget.items()]  # max_steps, max_minutes
     cfg = compose(overrides)
     proc = subprocess.run([sys.executable, "-m", "ampft.launch", *overrides, f"hydra.run.dir={run_dir}"])
     if proc.returncode != 0:

@@ -1,17 +1,7 @@
-"""A multirun (`python recipes/finetune.py -m ...`) that survives its jobs and says how each one ended.
-
-`SweepSummary` is a Hydra callback (conf/finetune.yaml, `hydra.callbacks`); in a single run it does nothing.
-In a multirun:
-
-- a job's expected failure (an `AmpftError`) is recorded with its exit code and one-line message, and the
-  sweep goes on (`ampft.errors.exit_on_error` re-raises it inside a sweep instead of exiting);
-- after every job, `<sweep dir>/summary.md` and `summary.json` are rewritten with a row per job so far; a job
-  that crashes with an unexpected exception is a row too (status `crashed`);
-- the sweep exits 0 when every job completed, 1 when any failed, 75 right after a preempted job (no further
-  job is started);
-- under the Optuna sweeper the study's direction follows the main metric (`ampft.config.metric_mode`) unless
-  `hydra.sweeper.direction` is given, and a failed trial does not end the study (`max_failure_rate` 1 unless
-  given).
+"""A multirun (`python recipes/finetune.py -m ...`) that survives its jobs and says how each one ended:
+`SweepSummary`, the Hydra callback of conf/finetune.yaml (`hydra.callbacks`; nothing in a single run). What it
+writes and how the sweep exits: docs/architecture.md (`sweep`). An expected failure (an `AmpftError`, which
+`ampft.errors.exit_on_error` re-raises inside a sweep) is a row and the sweep goes on; so is a crash.
 """
 
 from __future__ import annotations
@@ -50,10 +40,7 @@ def _given(config: DictConfig, key: str) -> bool:
 def _one_line(exc: BaseException) -> str:
     """A ConfigError's problems (without the count line); else the first line of the message."""
     problems = getattr(exc, "problems", None)
-    if problems:
-        text = "; ".join(" ".join(p.split()) for p in problems)
-    else:
-        text = (str(exc).strip().splitlines() or [""])[0]
+    text = "; ".join(" ".join(p.split()) for p in problems) if problems else (str(exc).strip().splitlines() or [""])[0]
     return text if isinstance(exc, AmpftError) else f"{type(exc).__name__}: {text}"
 
 
@@ -149,7 +136,6 @@ class SweepSummary(Callback):
     def _write(self) -> None:
         """summary.json and summary.md, each replaced whole; by rank 0 only (`accelerate launch
         recipes/finetune.py -m ...` runs the sweep on every rank)."""
-        assert self.sweep_dir is not None
         if int(os.environ.get("RANK", "0")) != 0:
             return
         done = sum(r["status"] == "completed" for r in self.rows)

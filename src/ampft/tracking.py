@@ -82,34 +82,25 @@ class Tracker:
                  evaluated: bool = True):
         """`history_until`, `evaluated`: the step training starts from and whether its checkpoint holds that
         step's evaluation (see `trim_history`)."""
-        self.accelerator = accelerator
-        self.main = accelerator.is_main_process
-        self.run_dir = run_dir
-        self.trackers = logger != "none"
-        if self.trackers:
-            # Trackers take numbers, strings and booleans: anything else (lists, None) as its text.
-            accelerator.init_trackers(project, config={k: v if isinstance(v, int | float | str | bool) else str(v)
-                                                       for k, v in hparams.items()},
-                                      init_kwargs=tracker_kwargs(logger, run_dir))
+        self.accelerator, self.main, self.run_dir = accelerator, accelerator.is_main_process, run_dir
+        if logger != "none":  # trackers take numbers, strings and booleans: anything else (lists, None) as its text
+            config = {k: v if isinstance(v, int | float | str | bool) else str(v) for k, v in hparams.items()}
+            accelerator.init_trackers(project, config=config, init_kwargs=tracker_kwargs(logger, run_dir))
         if self.main:
             trim_history(run_dir / "metrics.jsonl", history_until, evaluated)
         self.jsonl = (run_dir / "metrics.jsonl").open("a") if self.main else None
-        self.bar = tqdm(total=total_steps, desc="train", dynamic_ncols=True,
-                        disable=not (self.main and progress_bar))
+        self.bar = tqdm(total=total_steps, desc="train", dynamic_ncols=True, disable=not (self.main and progress_bar))
 
     def log(self, event: str, step: int, values: dict[str, Any]) -> None:
         values = {k: v.item() if isinstance(v, torch.Tensor) else v for k, v in values.items()}
         if self.jsonl is not None:
             self.jsonl.write(json.dumps({"event": event, "step": step, **values}) + "\n")
             self.jsonl.flush()
-        if self.trackers:
-            numeric = {f"{event}/{k}": v for k, v in values.items() if isinstance(v, int | float)}
-            self.accelerator.log(numeric, step=step)
+        self.accelerator.log({f"{event}/{k}": v for k, v in values.items() if isinstance(v, int | float)}, step=step)
         if event == "train":
             self.bar.set_postfix(loss=f"{values['loss']:.4f}", lr=f"{values['lr']:.2e}", refresh=False)
         if self.main:
-            text = " ".join(f"{k}={_fmt(v)}" for k, v in values.items())
-            log.info("[%s step %d] %s", event, step, text)
+            log.info("[%s step %d] %s", event, step, " ".join(f"{k}={_fmt(v)}" for k, v in values.items()))
 
     def advance(self, n: int = 1) -> None:
         self.bar.update(n)
@@ -120,9 +111,8 @@ class Tracker:
         self.bar.close()
         if self.jsonl is not None:
             self.jsonl.close()
-        if self.trackers:
-            for tracker in self.accelerator.trackers:
-                tracker.finish()
+        for tracker in self.accelerator.trackers:  # none under logging=none
+            tracker.finish()
 
 
 REPLACED = "metrics.replaced.jsonl"
