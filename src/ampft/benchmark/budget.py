@@ -1,12 +1,6 @@
 """The benchmark's time budget (`benchmark.budget_minutes`): project each arm's cost from its measured step
-time, cut what would not fit, and say what was cut and why. The policy: docs/benchmarks/README.md#the-time-budget.
-
-Nothing is cut unmeasured: a speed arm's pilot steps, and then its warm-up and probe, come before any decision
-on it, so room is kept for each speed arm not yet measured. A speed arm loses its memory sweep, then its timed
-steps after the probe, then (its pilot showing even the probe would not fit) everything but the pilot. Accuracy
-runs go seed by seed so a cut keeps complete pairs; `plan_accuracy` drops, in order, the slowest non-baseline
-arm, seeds down to two, the last non-baseline arm with the baseline's remaining runs, and (a single arm) seeds
-down to one. What cannot be cut runs over the budget, and the report says so.
+time, cut what would not fit, and say what was cut and why. The policy (nothing is cut unmeasured; accuracy runs
+go seed by seed so a cut keeps complete pairs): docs/benchmarks/README.md#the-time-budget.
 """
 
 from __future__ import annotations
@@ -32,7 +26,7 @@ def slower(ratio: float | None, baseline: str) -> str:
     if ratio is None:
         return f"speed relative to {baseline} unknown"
     if ratio >= 1.05:
-        return f"{ratio:.0f}x slower than {baseline}" if ratio >= 10 else f"{ratio:.1f}x slower than {baseline}"
+        return f"{ratio:.{0 if ratio >= 10 else 1}f}x slower than {baseline}"
     if ratio <= 0.95:
         return f"{1 / ratio:.1f}x faster than {baseline}"
     return f"about as fast as {baseline}"
