@@ -1,6 +1,6 @@
 """The benchmark's time budget (`benchmark.budget_minutes`): project each arm's cost from its measured step
-time, cut what would not fit, and say what was cut and why. The policy (nothing is cut unmeasured; accuracy runs
-go seed by seed so a cut keeps complete pairs): docs/benchmarks/README.md#the-time-budget.
+time, cut what would not fit, and say what was cut and why. The policy (nothing is cut unmeasured; accuracy
+runs go seed by seed so a cut keeps complete pairs): docs/benchmarks/README.md#the-time-budget.
 """
 
 from __future__ import annotations
@@ -112,7 +112,6 @@ def plan_accuracy(left: float, pending: list[tuple[str, int]], per_run: dict[str
             drop = [("seed", last)]
         else:
             break  # what is left runs over the budget
-        for kind, what in drop:
-            drops.append((kind, what))
-            keep = [(a, s) for a, s in keep if (a if kind == "arm" else s) != what]
+        drops += drop
+        keep = [(a, s) for a, s in keep if ("arm", a) not in drop and ("seed", s) not in drop]
     return keep, drops

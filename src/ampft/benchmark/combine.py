@@ -1,9 +1,9 @@
 """Seeds measured in separate runs → one report: `python -m ampft.benchmark.combine OUT RUN_DIR...`.
 
-Reads each run's results.json (accuracy mode) and writes OUT's results.json, report.md and plots over all their
-seeds, summarized as if they had run together (`results.resummarize`). It refuses, naming every reason, what
-would not be one benchmark (docs/benchmarks/README.md, "seeds in pieces"): another setup or machine, an arm
-defined otherwise or missing a seed, an (arm, seed) measured twice with different metrics (else the first
+Reads each run's results.json (accuracy mode) and writes OUT's results.json, report.md and plots over all
+their seeds, summarized as if they had run together (`results.resummarize`). It refuses, naming every reason,
+what would not be one benchmark (docs/benchmarks/README.md, "seeds in pieces"): another setup or machine, an
+arm defined otherwise or missing a seed, an (arm, seed) measured twice with different metrics (else the first
 directory's run is kept).
 """
 

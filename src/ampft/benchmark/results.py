@@ -70,12 +70,8 @@ def _paired(a: dict, b: dict) -> list[tuple[float, float]]:
             if x is not None and y is not None]
 
 
-def _describe(values: list[float]) -> dict | None:
-    return stats.describe(values) if values else None
-
-
-def _median(values: list[float]) -> float | None:
-    return median(values) if values else None
+def _if_any(f, values: list[float]):
+    return f(values) if values else None
 
 
 def summarize_accuracy(b: DictConfig | dict, runs: list[dict], env: dict, cfgs: dict | None = None) -> dict:
@@ -108,22 +104,23 @@ def summarize_accuracy(b: DictConfig | dict, runs: list[dict], env: dict, cfgs: 
         arms[arm.name] = dict(
             arm=arm.name, runner=Runner(arm.runner).value, overrides=list(arm.overrides), precision=precision,
             main_metric=first["main_metric"], runs=len(rs), diverged=sum(r["diverged"] for r in rs),
-            metric=_describe(list(values.values())), metric_per_seed=per_seed("metric"),
+            metric=_if_any(stats.describe, list(values.values())), metric_per_seed=per_seed("metric"),
             diff=stats.difference_ci(values, base) if values and base and arm.name != baseline else None,
-            train_seconds=_describe(times),
+            train_seconds=_if_any(stats.describe, times),
             time_vs_baseline=stats.ratio(mean(times), mean(base_time)) if times and base_time else None,
-            train_samples_per_second=_describe([r["train_samples_per_second"] for r in ok]),
-            samples_per_second=_median(given("train_samples_per_second")),
-            tokens_per_second=_median(given("train_tokens_per_second")),
-            wall_seconds=_median(given("wall_seconds")), setup_seconds=_median(given("setup_seconds")),
+            train_samples_per_second=_if_any(stats.describe, [r["train_samples_per_second"] for r in ok]),
+            samples_per_second=_if_any(median, given("train_samples_per_second")),
+            tokens_per_second=_if_any(median, given("train_tokens_per_second")),
+            wall_seconds=_if_any(median, given("wall_seconds")),
+            setup_seconds=_if_any(median, given("setup_seconds")),
             samples_per_second_per_seed=per_seed("train_samples_per_second"),
             skipped_steps=[r.get("skipped_steps") for r in rs],
             loss_scale_final=[r.get("loss_scale_final") for r in rs],
-            final_train_loss=_describe(given("train_loss_last")),
+            final_train_loss=_if_any(stats.describe, given("train_loss_last")),
             other_cpu_share=max((r.get("other_cpu_share") or 0.0 for r in rs), default=None),
             peak_memory_bytes=max((r.get("peak_memory_bytes") or 0 for r in rs), default=None) or None,
             peak_memory_kind=first.get("peak_memory_kind"),
-            model_tflops=_median(tflops), mfu=flops.mfu(median(tflops), peak) if tflops else None,
+            model_tflops=_if_any(median, tflops), mfu=flops.mfu(median(tflops), peak) if tflops else None,
             peak_tflops=peak, peak_tflops_source=source, attn_implementation=first.get("attn_implementation"),
             steps=first.get("steps"), train_examples=first.get("train_examples"),
             profile=next((r["profile"] for r in rs if (r.get("profile") or {}).get("steps")), None),
@@ -136,7 +133,8 @@ def summarize_accuracy(b: DictConfig | dict, runs: list[dict], env: dict, cfgs: 
     for name, a in arms.items():  # against the Trainer arms of the same precision
         a["speedup"] = {t: ratio(name, t) for t in trainers if arms[t]["precision"] == a["precision"]}
     targets = [dict(arm=t.arm, over=t.over, min_ratio=t.min_ratio, ratio=(r := ratio(t.arm, t.over)),
-                    met=r is not None and r >= t.min_ratio) for t in b.targets if t.arm in arms and t.over in arms]
+                    met=r is not None and r >= t.min_ratio)
+               for t in b.targets if t.arm in arms and t.over in arms]
     references = [r for r in (list(b.accuracy.reference) or trainers) if r in arms]
     checks = [paired_accuracy(pairs, b.accuracy.tolerance) | dict(arm=n, reference=ref)
               for ref in references for n in arms if n != ref and (pairs := _paired(arms[n], arms[ref]))]
@@ -184,16 +182,20 @@ def precision_gains(arms: dict[str, dict], pairs: list[tuple[str, str]]) -> tupl
     def speed(x: str, y: str) -> float:
         return arms[x]["samples_per_second"] / arms[y]["samples_per_second"]
 
+    def row(trainer: str, ampft: str) -> dict:
+        return dict(precision=arms[ampft]["precision"], trainer=trainer, ampft=ampft,
+                    ratio=speed(ampft, trainer), trainer_metric=_points(arms[trainer]["metric"]["mean"]),
+                    ampft_metric=_points(arms[ampft]["metric"]["mean"]),
+                    metric_difference=mean(diffs(ampft, trainer)))
+
     gains = [dict(runner=arms[arm]["runner"], fp32=base, arm=arm, precision=arms[arm]["precision"],
                   ratio=speed(arm, base), metric_difference=mean(d), metric_difference_per_seed=d)
              for base, arm in pairs
-             if (d := diffs(arm, base)) and arms[arm]["samples_per_second"] and arms[base]["samples_per_second"]]
+             if (d := diffs(arm, base))
+             and arms[arm]["samples_per_second"] and arms[base]["samples_per_second"]]
     versus = [dict(precision=t["precision"], trainer_gain=t["ratio"], ampft_gain=a["ratio"],
                    gain_ratio=a["ratio"] / t["ratio"], gain_at_least_trainer=a["ratio"] >= t["ratio"],
-                   rows=[dict(precision=arms[a[k]]["precision"], trainer=t[k], ampft=a[k], ratio=speed(a[k], t[k]),
-                              trainer_metric=_points(arms[t[k]]["metric"]["mean"]),
-                              ampft_metric=_points(arms[a[k]]["metric"]["mean"]),
-                              metric_difference=mean(diffs(a[k], t[k]))) for k in ("fp32", "arm")])
+                   rows=[row(t[k], a[k]) for k in ("fp32", "arm")])
               for t in gains if t["runner"] == Runner.trainer.value
               for a in gains if a["runner"] == Runner.ampft.value and a["precision"] == t["precision"]]
     return gains, versus
@@ -208,19 +210,10 @@ CLAIMS = {
     "tensor-cores": "Tensor Cores (TF32/FP16/BF16) give 1.5-3x FP32's throughput",
     "bf16-stable": "BF16 is as stable as FP32 (no loss scaling)",
     "fp16-scaling": "FP16 needs loss scaling",
-    "anchor-nvidia": "NVIDIA BERT-large SQuAD fine-tuning, one A100-80GB: TF32 61.5 vs FP16 110.5 sequences/s (1.79x)",
-    "anchor-hf": "Hugging Face: bert-large, seq 512, batch 4, one V100: fp16 2.1x fp32 throughput but only 7% less "
-                 "memory",
-}
-NOTES = {
-    "mp-time": "the claim is about GPUs (Tensor Cores); the CPU number is for the record",
-    "mp-memory": "on a CPU the peak RSS of the process includes the interpreter, libraries and data, which no "
-                 "precision changes, so it cannot show the claimed GPU-memory saving",
-    "tensor-cores": "a CPU has no Tensor Cores; speed-ups measured here come from AVX512-BF16/AMX, not from the "
-                    "hardware the claim is about",
-    "fp16-skipped": "the dynamic scaler had to back off: fp16's range was exceeded at the initial scale",
-    "fp16-none": "no step overflowed at the initial scale, and no run without scaling was tried, so whether fp16 "
-                 "needed the scaler here was not exercised",
+    "anchor-nvidia": "NVIDIA BERT-large SQuAD fine-tuning, one A100-80GB: TF32 61.5 vs FP16 110.5 "
+                     "sequences/s (1.79x)",
+    "anchor-hf": "Hugging Face: bert-large, seq 512, batch 4, one V100: fp16 2.1x fp32 throughput but only "
+                 "7% less memory",
 }
 
 
@@ -245,8 +238,9 @@ def _same_accuracy(a: dict) -> tuple[str, str]:
     if d["ci_low"] is None:
         return NOT_CHECKED, f"difference {d['mean']:+.4f} from {d['n']} seed(s): too few for an interval"
     contains = d["ci_low"] <= 0 <= d["ci_high"]
-    return _verdict(contains), (f"difference {d['mean']:+.4f} [{d['ci_low']:+.4f}, {d['ci_high']:+.4f}] (95% CI "
-                                f"{'contains' if contains else 'excludes'} 0, {d['n']} seeds)")
+    ci = f"{d['mean']:+.4f} [{d['ci_low']:+.4f}, {d['ci_high']:+.4f}]"
+    return _verdict(contains), (f"difference {ci} (95% CI {'contains' if contains else 'excludes'} 0, "
+                                f"{d['n']} seeds)")
 
 
 def evaluate_claims(results: dict) -> list[dict]:
@@ -270,8 +264,8 @@ def evaluate_claims(results: dict) -> list[dict]:
 
     def claim(cid: str, verdict: str, measured: str = "", note: str = "", arm: dict | None = None,
               text: str | None = None) -> None:
-        claims.append(dict(id=f"{cid}-{arm['arm']}" if arm else cid, claim=text or CLAIMS[cid], verdict=verdict,
-                           measured=measured, note=note))
+        claims.append(dict(id=f"{cid}-{arm['arm']}" if arm else cid, claim=text or CLAIMS[cid],
+                           verdict=verdict, measured=measured, note=note))
 
     base_is_fp32 = (base or {}).get("precision") == "fp32" or (base_acc or {}).get("precision") == "fp32"
     mixed, tc = _of(same, *MIXED), _of(same, "tf32", *MIXED)
@@ -284,11 +278,15 @@ def evaluate_claims(results: dict) -> list[dict]:
         for cid in ("mp-time", "mp-memory") if not mixed else ():
             claim(cid, NOT_CHECKED, note="no fp16/bf16 speed arm comparable with the baseline")
         for a in mixed:
-            for cid, v, target, what in (
-                    ("mp-time", a["time_vs_baseline"], TIME_CLAIM, f"time per sample {where}"),
-                    ("mp-memory", a["memory_vs_baseline"], MEMORY_CLAIM, f"peak memory ({a['peak_memory_kind']})")):
+            for cid, v, target, what, cpu_note in (
+                    ("mp-time", a["time_vs_baseline"], TIME_CLAIM, f"time per sample {where}",
+                     "the claim is about GPUs (Tensor Cores); the CPU number is for the record"),
+                    ("mp-memory", a["memory_vs_baseline"], MEMORY_CLAIM,
+                     f"peak memory ({a['peak_memory_kind']})", "on a CPU the peak RSS of the process "
+                     "includes the interpreter, libraries and data, which no precision changes, so it cannot "
+                     "show the claimed GPU-memory saving")):
                 claim(cid, NOT_CHECKED if cpu else _verdict(v is not None and v <= target + SLACK),
-                      f"{a['arm']}: {_pct(v)} of {baseline}'s {what}", NOTES[cid] if cpu else "", a)
+                      f"{a['arm']}: {_pct(v)} of {baseline}'s {what}", cpu_note if cpu else "", a)
         if not mixed_acc:
             claim("mp-accuracy", NOT_CHECKED, note="no fp16/bf16 arm in accuracy mode")
         for a in mixed_acc:
@@ -297,15 +295,17 @@ def evaluate_claims(results: dict) -> list[dict]:
 
     # 2. Tensor Cores: 1.5-3x throughput
     if cpu:
-        claim("tensor-cores", NOT_CHECKED, "; ".join(f"{a['arm']} {a['speedup']:.2f}x" for a in tc if a["speedup"]),
-              NOTES["tensor-cores"])
+        claim("tensor-cores", NOT_CHECKED, "; ".join(f"{a['arm']} {a['speedup']:.2f}x" for a in tc
+                                                     if a["speedup"]),
+              "a CPU has no Tensor Cores; speed-ups measured here come from AVX512-BF16/AMX, not from the "
+              "hardware the claim is about")
     elif not base_is_fp32 or not tc:
         claim("tensor-cores", NOT_CHECKED, note="needs an fp32 baseline and a tf32/fp16/bf16 speed arm")
     for a in tc if base_is_fp32 and not cpu else ():
         s = a["speedup"]
         claim("tensor-cores", _verdict(s is not None and s >= TENSOR_CORE_SPEEDUP[0]),
-              f"{a['arm']}: {s:.2f}x {baseline} {where}", "more than the claimed 3x" if s and s > TENSOR_CORE_SPEEDUP[1]
-              else "", a)
+              f"{a['arm']}: {s:.2f}x {baseline} {where}",
+              "more than the claimed 3x" if s and s > TENSOR_CORE_SPEEDUP[1] else "", a)
 
     # 3. BF16 as stable as FP32, where FP16 needs loss scaling (two halves, two verdicts)
     if not bf16 or base_acc is None:
@@ -319,9 +319,12 @@ def evaluate_claims(results: dict) -> list[dict]:
     for a in fp16:
         skipped = sum(s for s in a["skipped_steps"] if s)
         scales = ", ".join(f"{s:g}" for s in a["loss_scale_final"] if s is not None) or "n/a"
-        claim("fp16-scaling", REPRODUCED if skipped else NOT_CHECKED, f"{a['arm']}: {skipped} overflowing steps "
-              f"skipped over {a['runs']} runs, final loss scale {scales}",
-              NOTES["fp16-skipped" if skipped else "fp16-none"], a)
+        claim("fp16-scaling", REPRODUCED if skipped else NOT_CHECKED,
+              f"{a['arm']}: {skipped} overflowing steps skipped over {a['runs']} runs, final loss scale "
+              f"{scales}",
+              "the dynamic scaler had to back off: fp16's range was exceeded at the initial scale" if skipped
+              else "no step overflowed at the initial scale, and no run without scaling was tried, so "
+              "whether fp16 needed the scaler here was not exercised", a)
 
     # Published anchors
     by_prec = {a["precision"]: a for a in [base, *same] if a is not None}
@@ -330,19 +333,21 @@ def evaluate_claims(results: dict) -> list[dict]:
     if "tf32" in by_prec and "fp16" in by_prec:
         f16, t32 = (by_prec[p]["samples_per_second"]["median"] for p in ("fp16", "tf32"))
         same_setting = setting == (nv["model"], nv["seq_len"], nv["batch_size"])
-        claim("anchor-nvidia", _verdict(f16 / t32 >= 0.8 * nv["fp16"] / nv["tf32"]) if same_setting else NOT_CHECKED,
-              f"fp16/tf32 = {f16 / t32:.2f}x ({f16:.1f} vs {t32:.1f} sequences/s) {where}",
-              "ratio compared (within 20% or better); absolute numbers depend on the device and NVIDIA's optimised "
-              "SQuAD code" if same_setting else "a different model/sequence length/batch: not comparable",
-              text="NVIDIA BERT-large SQuAD fine-tuning, one A100-80GB, batch 32, seq 384: TF32 61.5 vs FP16 110.5 "
-                   "sequences/s (1.79x), F1 90.93 vs 90.96")
+        claim("anchor-nvidia", _verdict(f16 / t32 >= 0.8 * nv["fp16"] / nv["tf32"]) if same_setting
+              else NOT_CHECKED, f"fp16/tf32 = {f16 / t32:.2f}x ({f16:.1f} vs {t32:.1f} sequences/s) {where}",
+              "ratio compared (within 20% or better); absolute numbers depend on the device and NVIDIA's "
+              "optimised SQuAD code" if same_setting
+              else "a different model/sequence length/batch: not comparable",
+              text="NVIDIA BERT-large SQuAD fine-tuning, one A100-80GB, batch 32, seq 384: TF32 61.5 vs FP16 "
+                   "110.5 sequences/s (1.79x), F1 90.93 vs 90.96")
     else:
         claim("anchor-nvidia", NOT_CHECKED, note="needs tf32 and fp16 speed arms on a GPU")
     if "fp16" in by_prec and base is not None and base["precision"] == "fp32":
         f = by_prec["fp16"]
         same_setting = setting == (hf["model"], hf["seq_len"], hf["batch_size"]) and not cpu
         claim("anchor-hf", _verdict(f["speedup"] >= 0.8 * hf["speedup"]) if same_setting else NOT_CHECKED,
-              f"fp16: {f['speedup']:.2f}x fp32's throughput, {_pct(f['memory_vs_baseline'])} of its peak memory {where}",
+              f"fp16: {f['speedup']:.2f}x fp32's throughput, {_pct(f['memory_vs_baseline'])} of its peak "
+              f"memory {where}",
               "" if same_setting else "a different device/sequence length/batch: shown for comparison only")
     else:
         claim("anchor-hf", NOT_CHECKED, note="needs fp32 and fp16 speed arms")
