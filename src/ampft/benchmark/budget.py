@@ -67,8 +67,7 @@ def sweep_cost(step: float, batch_size: int, sizes: list[int], steps: int) -> fl
 
 
 def fit_after_pilot(left: float, step: float, first_steps: int, reserve: float) -> bool:
-    """Whether the warm-up and probe steps (`first_steps`, projected at `step` each) fit in `left` seconds,
-    keeping `reserve` for the speed arms not yet measured."""
+    """Whether `first_steps` (warm-up and probe) at `step` s fit in `left` s, less `reserve` for unmeasured arms."""
     return first_steps * step <= left - reserve
 
 

@@ -144,13 +144,11 @@ def summarize_accuracy(b: DictConfig | dict, runs: list[dict], env: dict, cfgs: 
 
 
 def paired_accuracy(pairs: list[tuple[float, float]], tolerance: float) -> dict:
-    """An arm's metric against a reference arm's, paired by seed ((arm, reference) per seed, in points; every
-    arm ran the same seeds, so the same initialisation and examples): the per-seed differences, their mean and
-    its standard error; whether the mean is within `tolerance` points, and within one seed standard deviation
-    of the reference (how far two seeds of the reference itself typically fall apart; None with one seed)."""
+    """An arm's metric against a reference arm's, paired by seed ((arm, reference) in points): the per-seed
+    differences, their mean and its standard error; whether the mean is within `tolerance` points, and within
+    one seed standard deviation of the reference (its own seed-to-seed spread; None with one seed)."""
     per_seed = [a - r for a, r in pairs]
-    difference = mean(per_seed)
-    several = len(per_seed) > 1
+    difference, several = mean(per_seed), len(per_seed) > 1
     reference_std = stdev(r for _, r in pairs) if several else None
     return dict(difference=difference, per_seed=per_seed,
                 standard_error=stdev(per_seed) / sqrt(len(per_seed)) if several else None,
@@ -172,10 +170,8 @@ def precision_pairs(b: DictConfig, cfgs: dict, names: list[str]) -> list[tuple[s
 
 
 def precision_gains(arms: dict[str, dict], pairs: list[tuple[str, str]]) -> tuple[list[dict], list[dict]]:
-    """Each pair's samples/s ratio (medians over seeds) and metric difference (mean of the per-seed
-    differences, in points); and ampft against the Trainer in each precision, for every Trainer pair and ampft
-    pair of the same precision: samples/s ratios and metric differences in fp32 and in the other precision,
-    and how ampft's gain from that precision compares with the Trainer's."""
+    """Each (fp32, arm) pair's samples/s ratio and mean per-seed metric difference (points); and, for each
+    Trainer pair and ampft pair of one precision, ampft against the Trainer in both precisions and gain ratio."""
     def diffs(x: str, y: str) -> list[float]:
         return [p - q for p, q in _paired(arms[x], arms[y])]
 

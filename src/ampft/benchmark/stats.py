@@ -31,8 +31,7 @@ def difference_ci(arm: dict[int, float], base: dict[int, float], confidence: flo
     Paired over the seeds both have (the same seed means the same initialisation and data order in every
     arm, so the pairing removes the seed's effect); Welch's unpaired interval when no seed is shared.
     """
-    q = 0.5 + confidence / 2
-    half = None
+    q, half = 0.5 + confidence / 2, None
     shared = sorted(set(arm) & set(base))
     if shared:
         d = [arm[s] - base[s] for s in shared]
