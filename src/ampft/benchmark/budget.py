@@ -1,12 +1,6 @@
 """The benchmark's time budget (`benchmark.budget_minutes`): project each arm's cost from its measured step
-time, cut what would not fit, and say what was cut and why. The policy: docs/benchmarks/README.md#the-time-budget.
-
-Nothing is cut unmeasured: a speed arm's pilot steps, and then its warm-up and probe, come before any decision
-on it, so room is kept for each speed arm not yet measured. A speed arm loses its memory sweep, then its timed
-steps after the probe, then (its pilot showing even the probe would not fit) everything but the pilot. Accuracy
-runs go seed by seed so a cut keeps complete pairs; `plan_accuracy` drops, in order, the slowest non-baseline
-arm, seeds down to two, the last non-baseline arm with the baseline's remaining runs, and (a single arm) seeds
-down to one. What cannot be cut runs over the budget, and the report says so.
+time, cut what would not fit, and say what was cut and why. The policy (nothing is cut unmeasured; accuracy
+runs go seed by seed so a cut keeps complete pairs): docs/benchmarks/README.md#the-time-budget.
 """
 
 from __future__ import annotations
@@ -32,7 +26,7 @@ def slower(ratio: float | None, baseline: str) -> str:
     if ratio is None:
         return f"speed relative to {baseline} unknown"
     if ratio >= 1.05:
-        return f"{ratio:.0f}x slower than {baseline}" if ratio >= 10 else f"{ratio:.1f}x slower than {baseline}"
+        return f"{ratio:.{0 if ratio >= 10 else 1}f}x slower than {baseline}"
     if ratio <= 0.95:
         return f"{1 / ratio:.1f}x faster than {baseline}"
     return f"about as fast as {baseline}"
@@ -73,8 +67,7 @@ def sweep_cost(step: float, batch_size: int, sizes: list[int], steps: int) -> fl
 
 
 def fit_after_pilot(left: float, step: float, first_steps: int, reserve: float) -> bool:
-    """Whether the warm-up and probe steps (`first_steps`, projected at `step` each) fit in `left` seconds,
-    keeping `reserve` for the speed arms not yet measured."""
+    """Whether `first_steps` (warm-up and probe) at `step` s fit in `left` s, less `reserve` for unmeasured arms."""
     return first_steps * step <= left - reserve
 
 
@@ -118,7 +111,6 @@ def plan_accuracy(left: float, pending: list[tuple[str, int]], per_run: dict[str
             drop = [("seed", last)]
         else:
             break  # what is left runs over the budget
-        for kind, what in drop:
-            drops.append((kind, what))
-            keep = [(a, s) for a, s in keep if (a if kind == "arm" else s) != what]
+        drops += drop
+        keep = [(a, s) for a, s in keep if ("arm", a) not in drop and ("seed", s) not in drop]
     return keep, drops

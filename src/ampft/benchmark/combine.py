@@ -1,17 +1,10 @@
 """Seeds measured in separate runs → one report: `python -m ampft.benchmark.combine OUT RUN_DIR...`.
 
-A multi-seed benchmark often runs in pieces (seed 1 today, seeds 2-3 tonight, a stopped run finished by
-another). `combine` reads each run's results.json (accuracy mode) and writes OUT's results.json, report.md and
-plots over all their seeds, summarized exactly as if they had run together (`results.resummarize`). It refuses
-what would not be one benchmark:
-
-- another setup (model, task, length, batch, shared and accuracy overrides, isolation), or an arm of the same
-  name with another runner or overrides;
-- another machine or software (device, CPU model and flags, threads, torch/transformers/accelerate/Python):
-  a median of samples/s over two machines means nothing;
-- an arm missing a seed another arm has (the differences are paired by seed);
-- an (arm, seed) measured twice with different metrics (the runs are deterministic: another result means
-  other code or data). Measured twice with the same metric, the first directory's run is kept.
+Reads each run's results.json (accuracy mode) and writes OUT's results.json, report.md and plots over all
+their seeds, summarized as if they had run together (`results.resummarize`). It refuses, naming every reason,
+what would not be one benchmark (docs/benchmarks/README.md, "seeds in pieces"): another setup or machine, an
+arm defined otherwise or missing a seed, an (arm, seed) measured twice with different metrics (else the first
+directory's run is kept).
 """
 
 from __future__ import annotations
@@ -66,12 +59,10 @@ def combine(run_dirs: list[str | Path], out_dir: str | Path, command: str | None
             problems.append(f"{d}: measured on another machine or software than {dirs[0]} ("
                             + ", ".join(f"{k} {old['environment'].get(k)} vs {first['environment'].get(k)}"
                                         for k in diff) + "): their speeds cannot be one median")
-    arms: dict[str, dict] = {}  # name -> the arm, as the first directory that has it defines it
-    defined_in: dict[str, Path] = {}
+    arms: dict[str, tuple[dict, Path]] = {}  # name -> the arm, as the first directory that has it defines it
     for d, old in zip(dirs, olds, strict=True):
         for arm in old["benchmark"]["arms"]:
-            known = arms.setdefault(arm["name"], arm)
-            where = defined_in.setdefault(arm["name"], d)
+            known, where = arms.setdefault(arm["name"], (arm, d))
             if (known.get("runner"), known["overrides"]) != (arm.get("runner"), arm["overrides"]):
                 problems.append(f"arm {arm['name']}: {known.get('runner')} {known['overrides']} in {where}, "
                                 f"{arm.get('runner')} {arm['overrides']} in {d}: rename one")
@@ -92,17 +83,13 @@ def combine(run_dirs: list[str | Path], out_dir: str | Path, command: str | None
     if problems:
         raise BenchmarkConfigError(problems)
 
-    def union(*keys: str) -> list:
-        items = []
-        for old in olds:
-            node = old["benchmark"]
-            for k in keys:
-                node = node[k]
-            items += node
-        return list({json.dumps(x, sort_keys=True): x for x in items}.values())
+    def union(lists) -> list:
+        return list({json.dumps(x, sort_keys=True): x for xs in lists for x in xs}.values())
 
-    b = dict(first["benchmark"], modes=["accuracy"], arms=list(arms.values()), targets=union("targets"))
-    b["accuracy"] = dict(b["accuracy"], seeds=seeds, reference=union("accuracy", "reference"))
+    b = dict(first["benchmark"], modes=["accuracy"], arms=[a for a, _ in arms.values()],
+             targets=union(old["benchmark"]["targets"] for old in olds))
+    b["accuracy"] = dict(b["accuracy"], seeds=seeds, reference=union(old["benchmark"]["accuracy"]["reference"]
+                                                                      for old in olds))
     env = dict(first["environment"],
                date=", ".join(dict.fromkeys(old["environment"]["date"] for old in olds)),
                load_average=max((old["environment"].get("load_average") or 0.0) for old in olds))

@@ -21,17 +21,8 @@ def describe(values: Sequence[float]) -> dict[str, float | int | None]:
     if not xs:
         raise ValueError("describe() needs at least one value")
     q1, _, q3 = statistics.quantiles(xs, n=4, method="inclusive") if len(xs) > 1 else (xs[0],) * 3
-    return dict(
-        n=len(xs),
-        median=statistics.median(xs),
-        q1=q1,
-        q3=q3,
-        iqr=q3 - q1,
-        min=xs[0],
-        max=xs[-1],
-        mean=statistics.fmean(xs),
-        std=statistics.stdev(xs) if len(xs) > 1 else None,
-    )
+    return dict(n=len(xs), median=statistics.median(xs), q1=q1, q3=q3, iqr=q3 - q1, min=xs[0], max=xs[-1],
+                mean=statistics.fmean(xs), std=statistics.stdev(xs) if len(xs) > 1 else None)
 
 
 def difference_ci(arm: dict[int, float], base: dict[int, float], confidence: float = 0.95) -> dict:
@@ -40,8 +31,7 @@ def difference_ci(arm: dict[int, float], base: dict[int, float], confidence: flo
     Paired over the seeds both have (the same seed means the same initialisation and data order in every
     arm, so the pairing removes the seed's effect); Welch's unpaired interval when no seed is shared.
     """
-    q = 0.5 + confidence / 2
-    half = None
+    q, half = 0.5 + confidence / 2, None
     shared = sorted(set(arm) & set(base))
     if shared:
         d = [arm[s] - base[s] for s in shared]
