@@ -194,7 +194,7 @@ class TaskConfig:
     column_names: list[str] | None = None
     metrics: list[str] = field(default_factory=lambda: ["accuracy"])
     main_metric: str = "accuracy"
-    max_length: int = 128
+    max_length: int = setting(128, range=(at_least(8), ">= 8"))
     max_train_samples: int | None = setting(None, range=(optional(at_least(1)), "null (all) or >= 1"))
     # Per validation split (examples, not QA windows).
     max_eval_samples: int | None = setting(None, exact=False, range=(optional(at_least(1)),
@@ -289,7 +289,7 @@ class DistributedConfig:
 @dataclass
 class OptimConfig:
     name: str = setting("adamw", range=(lambda x: x == "adamw", "adamw (the one optimizer built)"))
-    lr: float = setting(5e-5, range=(is_finite, "a finite number > 0, e.g. 3e-5"))
+    lr: float = setting(5e-5, range=(positive, "a finite number > 0, e.g. 3e-5"))
     weight_decay: float = setting(0.01, range=(lambda x: is_finite(x) and x >= 0, ">= 0, e.g. 0.01"))
     betas: list[float] = setting(factory=lambda: [0.9, 0.999], range=(
         lambda x: len(x) == 2 and all(is_finite(b) and 0 <= b < 1 for b in x),
@@ -301,7 +301,7 @@ class OptimConfig:
 @dataclass
 class SchedulerConfig:
     name: SchedulerName = SchedulerName.linear
-    warmup_ratio: float = 0.1
+    warmup_ratio: float = setting(0.1, range=(lambda x: 0 <= x < 1, "in [0, 1)"))
     # > 0 wins over warmup_ratio.
     warmup_steps: int = setting(0, range=(at_least(0), ">= 0 (0: use warmup_ratio)"))
 
@@ -313,16 +313,16 @@ class TrainerConfig:
     max_steps: int = -1  # > 0 wins over epochs
     # Stop training after this many minutes (then evaluate and export as at the end); the learning-rate
     # schedule stays the one planned for epochs/max_steps. null: no time limit.
-    max_minutes: float | None = None
-    batch_size: int = setting(32, exact=True)  # per device, per micro-step
+    max_minutes: float | None = setting(None, range=(optional(lambda x: x > 0), "> 0 (minutes) or null"))
+    batch_size: int = setting(32, exact=True, range=(at_least(1), ">= 1"))  # per device, per micro-step
     eval_batch_size: int | None = setting(None, range=(optional(at_least(1)),
                                                        "null (2 x batch_size) or >= 1"))
-    grad_accum: int = setting(1, exact=True)
+    grad_accum: int = setting(1, exact=True, range=(at_least(1), ">= 1"))
     # 0 disables clipping.
     max_grad_norm: float = setting(1.0, exact=True,
                                    range=(lambda x: is_finite(x) and x >= 0, ">= 0 (0: no clipping)"))
-    log_every: int = 20  # optimizer steps
-    eval_every: int = 0  # optimizer steps; 0: at the end of every epoch
+    log_every: int = setting(20, range=(at_least(1), ">= 1"))  # optimizer steps
+    eval_every: int = setting(0, range=(at_least(0), ">= 0 (0 evaluates at each epoch end)"))  # optimizer steps
     seed: int = setting(42, range=(lambda x: 0 <= x < 2**32, "in [0, 2^32)"), exact=True)
     # true: batches of similar lengths (shuffled mega-batches sorted by length): about 2x the speed on SST-2, but
     # 0.57 points of accuracy below the Trainer over ten paired seeds, where the default random batches are within
@@ -330,25 +330,31 @@ class TrainerConfig:
     group_by_length: bool = setting(False, exact=True)
     # With group_by_length, batches per mega-batch sorted by length: 50 (HF's choice) cost a point of SST-2
     # accuracy over three seeds; 8 cost 0.57 and 2 cost 0.72 over ten. Fewer: more random, more padding.
-    length_group_size: int = setting(8, exact=True)
+    length_group_size: int = setting(8, exact=True, range=(at_least(1), ">= 1"))
     # Split each training batch into up to this many chunks of similar lengths, each padded on its own: the
     # same update, less padding (ampft.data.LengthChunks). null: 4 on CPU, 1 on CUDA; always 1 under DeepSpeed
     # and torch.compile; 1: off.
-    length_chunks: int | None = setting(None, exact=True)
+    length_chunks: int | None = setting(None, exact=True, range=(optional(at_least(1)),
+                                                                 ">= 1 (1: whole batches) or null (auto)"))
     # What one more chunk costs, in tokens (the cuts minimise padded tokens plus this per chunk). null: from the
     # model's size (ampft.data.chunk_cost); `python scripts/microbench.py chunks` measures it on your CPU.
-    length_chunk_cost: int | None = setting(None, exact=True)
+    length_chunk_cost: int | None = setting(None, exact=True, range=(
+        optional(at_least(0)), ">= 0 tokens or null (from the model's size)"))
     padding: Padding = setting(Padding.longest, exact=True)
     # null: 8 under fp16/bf16 on CUDA (Tensor Core shapes), else 1.
-    pad_to_multiple_of: int | None = setting(None, exact=True)
+    pad_to_multiple_of: int | None = setting(None, exact=True, range=(optional(at_least(1)),
+                                                                      ">= 1 (1: no rounding) or null"))
     # torch.compile the model; sequence lengths are bucketed to bound recompiles. Pays off only for long runs
     # (docs/benchmarks/peer-sst2).
     compile: bool = setting(False, exact=True)
-    compile_buckets: int = setting(8, exact=True)  # with compile: lengths padded up to one of this many sizes
-    num_workers: int | None = None  # dataloader workers; null: 2 on CUDA (overlap collation), 0 on CPU
+    # With compile: lengths padded up to one of this many sizes.
+    compile_buckets: int = setting(8, exact=True, range=(at_least(1), ">= 1"))
+    # Dataloader workers; null: 2 on CUDA (overlap collation), 0 on CPU.
+    num_workers: int | None = setting(None, range=(optional(at_least(0)), ">= 0 or null (auto)"))
     # Stop after this many evaluations in a row without improvement of checkpoint.metric (in checkpoint.mode's
     # direction); null or 0: off. The best weights are exported only with checkpoint.export_best=true.
-    early_stopping_patience: int | None = None
+    early_stopping_patience: int | None = setting(None, range=(optional(at_least(0)),
+                                                                ">= 1 evaluations, or 0/null (off)"))
     cpu: bool = False  # force CPU even where a GPU is present
     progress_bar: bool = True
 
@@ -470,19 +476,21 @@ class PredictConfig(SavedRunConfig):
     format: PredictFormat = PredictFormat.jsonl
 
 
+def process_start(pid: int) -> int | None:
+    """A process's start time in clock ticks since boot (Linux; None elsewhere): with the pid, its identity."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def run_stamp() -> str:
     """The run directory's name: start time and a 6-hex-digit suffix, the same in every rank one launcher
-    started, different between any two runs.
-
-    Under a hand-typed `accelerate launch`, each rank's Hydra starts on its own (`${now:}` would differ), but
-    the ranks of a machine share their parent launcher: its start time names the run, the suffix hashes host,
-    pid and start. A lone process takes a random suffix, so runs started in the same second never share a
-    folder. (`make finetune` creates the run dir itself, see `ampft.launch`.)
-    """
+    started (under a hand-typed `accelerate launch`: the parent launcher's start, a hash of host, pid and start),
+    random in a lone process, so no two runs share a folder (`make finetune` creates it: `ampft.launch`)."""
     fmt = "%Y-%m-%d_%H-%M-%S"
-    if "LOCAL_RANK" in os.environ:
+    if "LOCAL_RANK" in os.environ and (start_ticks := process_start(os.getppid())) is not None:
         try:
-            start_ticks = int(Path(f"/proc/{os.getppid()}/stat").read_text().rsplit(")", 1)[1].split()[19])
             boot = next(int(x.split()[1]) for x in Path("/proc/stat").read_text().splitlines()
                         if x.startswith("btime"))
             started = datetime.fromtimestamp(boot + start_ticks / os.sysconf("SC_CLK_TCK"))

@@ -1,22 +1,7 @@
-"""The project's errors: one base class, each subclass with the exit code a recipe ends with.
-
-| class                  | raised when                                             | exit code |
-|------------------------|---------------------------------------------------------|-----------|
-| `ConfigError`          | a config problem (every one found, each naming its key) | 2         |
-| `BenchmarkConfigError` | the same in a benchmark config                          | 2         |
-| `DataError`            | a data file or dataset is missing or malformed          | 2         |
-| `ModelLoadError`       | a model or tokenizer cannot be loaded (offline Hub, ...) | 2         |
-| `CheckpointError`      | a checkpoint cannot be resumed, loaded or written; the  | 2         |
-|                        | model cannot be exported (says where the weights are)   |           |
-| `EvaluationError`      | a saved run or checkpoint cannot be evaluated           | 2         |
-| `MissingExtraError`    | a feature needs an optional library not installed       | 2         |
-| `TrainingDiverged`     | non-finite or exploding losses, collapsed fp16 scale    | 3         |
-| `Preempted`            | SIGTERM/SIGUSR1: checkpointed, resume later             | 75        |
-
-Every recipe's main function is wrapped by `exit_on_error`, the one place an error becomes an exit code, and
-its `@hydra.main` entry by `compose_errors`, the same for Hydra's compose errors. Each class keeps a builtin
-base (ValueError, RuntimeError, ImportError) for code that catches those. This module imports nothing from
-ampft: every other module may import it.
+"""The project's errors: one base class, each subclass with the exit code a recipe ends with (2; TrainingDiverged 3;
+Preempted 75) and a builtin base (ValueError, RuntimeError, ImportError) for code that catches those.
+`exit_on_error` (around each recipe's main) is the one place an error becomes an exit code, `compose_errors` (around
+its `@hydra.main` entry) the same for Hydra's compose errors. Imports nothing from ampft: every module may import it.
 """
 
 from __future__ import annotations
@@ -26,6 +11,7 @@ import difflib
 import functools
 import os
 import sys
+import traceback
 import typing
 from collections.abc import Callable
 from typing import Any
@@ -50,13 +36,11 @@ class ConfigError(AmpftError, ValueError):
 
 
 class BenchmarkConfigError(ConfigError):
-    """The same for a benchmark config."""
-
     what = "the benchmark config"
 
 
 class DataError(AmpftError, ValueError):
-    """A data file or dataset that cannot be read as the task says (the message names the file and line)."""
+    """A data file or dataset missing or malformed (the message names the file and line)."""
 
 
 class ModelLoadError(AmpftError, RuntimeError):
@@ -64,8 +48,7 @@ class ModelLoadError(AmpftError, RuntimeError):
 
 
 class CheckpointError(AmpftError, RuntimeError):
-    """A checkpoint that cannot be resumed from, or a checkpoint or export that cannot be written (the message
-    says where the weights are kept)."""
+    """A checkpoint not resumable or loadable, or a checkpoint or export not writable (says where the weights are)."""
 
 
 class EvaluationError(AmpftError, ValueError):
@@ -90,52 +73,38 @@ class Preempted(AmpftError):
     marker = "PREEMPTED"  # written into the run dir: make exits 2, `accelerate launch` 1, when the ranks exit 75
 
 
+def _report(exc: AmpftError) -> None:
+    print(f"{exc.label}: {exc}", file=sys.stderr, flush=True)
+
+
 SWEEP_RECORDER = "ampft.sweep.SweepSummary"  # the Hydra callback that records a multirun's failed jobs
-
-
-def _in_recorded_sweep() -> bool:
-    """Inside a job of a Hydra multirun whose config records each job (`hydra.callbacks` has SWEEP_RECORDER)."""
-    try:
-        from hydra.core.hydra_config import HydraConfig
-        from hydra.types import RunMode
-    except ImportError:
-        return False
-    if not HydraConfig.initialized():
-        return False
-    hydra = HydraConfig.get()
-    return hydra.mode == RunMode.MULTIRUN and any(
-        c.get("_target_") == SWEEP_RECORDER for c in (hydra.callbacks or {}).values())
 
 
 def exit_on_error(main: Callable[..., Any]) -> Callable[..., Any]:
     """Wrap a recipe's main function: an AmpftError is written to stderr as `<label>: <message>` and the process
-    exits with its code; other exceptions keep their traceback. In a multirun recorded by ampft.sweep the error
-    is raised on after its line (the sweep records it and goes on). Under `@hydra.main`, put it below the Hydra
-    decorator (Hydra unwraps it to find the recipe's file)."""
+    exits with its code; other exceptions keep their traceback. Under `@hydra.main` (put it below the decorator:
+    Hydra unwraps it to find the recipe's file) the job's overrides are checked first (`check_overrides`), and in
+    a multirun recorded by SWEEP_RECORDER the error is raised on after its line (the sweep records it)."""
 
     @functools.wraps(main)
     def wrapped(*args: Any, **kwargs: Any) -> Any:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+        from omegaconf import DictConfig
+
+        hydra = HydraConfig.get() if HydraConfig.initialized() else None
         try:
-            _check_hydra_overrides(args)
+            if hydra is not None and args and isinstance(args[0], DictConfig):
+                check_overrides(args[0], list(hydra.overrides.task))
             return main(*args, **kwargs)
         except AmpftError as exc:
-            print(f"{exc.label}: {exc}", file=sys.stderr, flush=True)
-            if _in_recorded_sweep():
+            _report(exc)
+            if hydra is not None and hydra.mode == RunMode.MULTIRUN and any(
+                    c.get("_target_") == SWEEP_RECORDER for c in (hydra.callbacks or {}).values()):
                 raise
             sys.exit(exc.exit_code)
 
     return wrapped
-
-
-def _check_hydra_overrides(args: tuple[Any, ...]) -> None:
-    """Under `@hydra.main`: `check_overrides` on the job's config and overrides."""
-    if "hydra" not in sys.modules or not args:
-        return
-    from hydra.core.hydra_config import HydraConfig
-    from omegaconf import DictConfig
-
-    if isinstance(args[0], DictConfig) and HydraConfig.initialized():
-        check_overrides(args[0], list(HydraConfig.get().overrides.task))
 
 
 _OURS = "AMPFT_HYDRA_FULL_ERROR"  # marks a HYDRA_FULL_ERROR=1 that compose_errors set (children inherit both)
@@ -158,33 +127,22 @@ def compose_errors(entry: Callable[[], Any]) -> Callable[[], Any]:
             problem = None if _raised_in_job(exc) else compose_problem(exc)
             if problem is None:
                 raise
-            error = ConfigError([problem])
-            print(f"{error.label}: {error}", file=sys.stderr, flush=True)
-            sys.exit(error.exit_code)
+            _report(ConfigError([problem]))
+            sys.exit(ConfigError.exit_code)
 
     return wrapped
 
 
 def _raised_in_job(exc: BaseException) -> bool:
     """The exception came from a job's own code (Hydra's `run_job` is on its traceback), not from composing."""
-    tb = exc.__traceback__
-    while tb is not None:
-        if tb.tb_frame.f_code.co_name == "run_job" and "hydra" in tb.tb_frame.f_code.co_filename:
-            return True
-        tb = tb.tb_next
-    return False
+    return any(f.f_code.co_name == "run_job" and "hydra" in f.f_code.co_filename
+               for f, _ in traceback.walk_tb(exc.__traceback__))
 
 
 def _declared(node: Any) -> list[str] | None:
     """The keys a node's schema declares; None for a node of no schema (plain YAML)."""
     kind = node._metadata.object_type
     return [f.name for f in dataclasses.fields(kind)] if dataclasses.is_dataclass(kind) else None
-
-
-def _is_open(node: Any) -> bool:
-    """A dict the schema types as `dict[str, ...]` (model.arch: transformers config kwargs): any key goes."""
-    ref = node._metadata.ref_type
-    return ref is dict or typing.get_origin(ref) is dict
 
 
 def _no_such_key(key: str, parent: Any | None, given: str) -> str:
@@ -228,7 +186,8 @@ def check_overrides(cfg: Any, overrides: list[str]) -> None:
         node = cfg
         parts = key.split(".")
         for i, part in enumerate(parts):
-            if not isinstance(node, DictConfig) or _is_open(node):
+            if not isinstance(node, DictConfig) or (ref := node._metadata.ref_type) is dict \
+                    or typing.get_origin(ref) is dict:  # an open dict (model.arch: transformers kwargs): any key
                 break
             declared = _declared(node)
             last = i == len(parts) - 1

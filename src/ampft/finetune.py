@@ -37,13 +37,8 @@ from omegaconf import DictConfig, OmegaConf
 from transformers import PreTrainedTokenizerBase, get_scheduler
 
 from ampft import checkpointing, distributed, precision, tasks
-from ampft.config import (
-    ConfigError,
-    OptimImplementation,
-    flat,
-    metric_mode,
-    to_plain,
-)
+from ampft.config import ConfigError, OptimImplementation, flat, metric_mode, to_plain
+from ampft.config import process_start as _process_start
 from ampft.data import build_dataloaders, eval_dataloader, prepare_data
 from ampft.data.load import extra_split_names
 from ampft.engine import Training, TrainingDiverged, TrainState, fit, weights_finite
@@ -57,10 +52,8 @@ log = logging.getLogger(__name__)
 
 def build_optimizer(model: torch.nn.Module, o: DictConfig, device: torch.device,
                     loss_scaling: bool = False) -> torch.optim.AdamW:
-    """AdamW without weight decay on biases and LayerNorm weights. `auto`: fused on CUDA and CPU (measured in
-    docs/benchmarks/microbench.md#adamw-why-optimimplementationauto-is-fused-on-cpu-too), else foreach, and
-    foreach under fp16 loss scaling: a fused step takes the scaler's inf flag inside the kernel instead of
-    being skipped, and the skipped-step accounting needs the skip to show."""
+    """AdamW without weight decay on biases and LayerNorm weights. `auto`: fused on CUDA and CPU (docs/benchmarks/
+    microbench.md), else foreach, and foreach under fp16 loss scaling (a fused step would not show its skip)."""
     decay, no_decay = [], []
     for name, p in model.named_parameters():
         if p.requires_grad:
@@ -105,8 +98,7 @@ def make_accelerator(cfg: DictConfig, run_dir: Path) -> Accelerator:
 
 
 def run(cfg: DictConfig, run_dir: Path, started: float | None = None, validated: bool = False) -> dict[str, Any]:
-    """One fine-tuning run; callable repeatedly in one process (multirun, tests). `validated`: `cfg` passed
-    `validation.validate` already (in `ampft.launch`)."""
+    """One fine-tuning run; callable repeatedly in one process. `validated`: by `ampft.launch` already."""
     started = time.perf_counter() if started is None else started
     run_dir = Path(run_dir)
     tasks.check_installed(cfg.task.metrics)  # a missing optional library is said now, not after training
@@ -142,8 +134,7 @@ def run(cfg: DictConfig, run_dir: Path, started: float | None = None, validated:
 
 @functools.cache
 def end_process_group_at_exit() -> None:
-    """The process group outlives each run (export and summary barriers need it, multirun jobs share it): it is
-    destroyed once, at exit."""
+    """The process group outlives each run (export barriers, multirun jobs): destroyed once, at exit."""
     def end() -> None:
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
@@ -152,16 +143,15 @@ def end_process_group_at_exit() -> None:
 
 
 def reset_accelerate() -> None:
-    """Accelerate keeps its settings in process-wide singletons and the next run may ask for another precision;
-    the process group (PartialState) stays."""
+    """Accelerate's process-wide settings, for a next run of another precision (PartialState stays)."""
     AcceleratorState._reset_state()
     GradientState._reset_state()
 
 
 def build(cfg: DictConfig, run_dir: Path, held: contextlib.ExitStack | None = None,
           validated: bool = False) -> tuple[Training, PreTrainedTokenizerBase, str]:
-    """Everything the loop needs, validated (unless `validated`) and resumed if asked. `held`: take the run
-    dir's lock into it (`run` does; the speed benchmark and tests that only build do not)."""
+    """Everything the loop needs, validated (unless `validated`) and resumed if asked; `held` takes the run dir's
+    lock (`run` passes it; the speed benchmark and tests that only build do not)."""
     if not validated:
         for warning in validate(cfg):
             log.warning(warning)
@@ -237,12 +227,9 @@ def build(cfg: DictConfig, run_dir: Path, held: contextlib.ExitStack | None = No
 
 def apply_changes(accelerator: Accelerator, optimizer, scheduler, cfg: DictConfig, fresh: list[dict],
                   changed: list[str]) -> None:
-    """Make an allowed config change take effect on resume: loading the checkpoint put back the optimizer's
-    hyper-parameters, the schedule's base lr and the loss scaler's settings. Re-applied from the config: the
-    optimizer settings (`fresh`: the param groups as built), `optim.lr` as the schedule's base (at its step, as
-    configured now) and the scaler's settings, its scale reset when `changed` names init_scale/static_scale.
-    What is read at every step (max_grad_norm, divergence limits) needs nothing here; what cannot be applied
-    is refused by `checkpointing.check_config`."""
+    """An allowed config change takes effect on resume: the checkpoint put back the optimizer's settings, the
+    schedule's base lr and the scaler's; re-applied from the config (`fresh`: the param groups as built), the
+    scale reset when `changed` names init_scale/static_scale. What cannot be applied `check_config` refuses."""
     sched = getattr(scheduler, "scheduler", scheduler)  # Accelerate's wrapper, or the bare one (DeepSpeed)
     for group, built in zip(optimizer.param_groups, fresh, strict=True):
         group.update({k: v for k, v in built.items() if k not in ("lr", "initial_lr")})
@@ -299,14 +286,6 @@ def run_identity(accelerator: Accelerator, resume: Path | None) -> str:
 LOCK = "run.lock"  # <run dir>/run.lock: held (flock) by the run training there
 
 
-def _process_start(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot (Linux), to tell a pid reused by another process."""
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
 def _gone(holder: dict) -> bool:
     """A lock's holder is known to be gone: on this host, and its pid is not running (or is another process)."""
     if holder.get("host") != socket.gethostname() or not isinstance(holder.get("pid"), int):
@@ -321,6 +300,13 @@ def _gone(holder: dict) -> bool:
     return started is not None and holder.get("started") is not None and started != holder["started"]
 
 
+def _is_file_of(path: Path, fd: int) -> bool:
+    """`path` is still the file `fd` has open (not removed, or replaced, by another run)."""
+    with contextlib.suppress(OSError):
+        return os.stat(path).st_ino == os.fstat(fd).st_ino
+    return False
+
+
 def _lock(path: Path) -> tuple[int | None, dict | None]:
     """(an fd holding `path`'s lock, None) or (None, the holder's record). The kernel's flock is the lock, so a
     killed run's lock is free again; where the filesystem has no locks, the record's pid and host decide."""
@@ -328,17 +314,14 @@ def _lock(path: Path) -> tuple[int | None, dict | None]:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        except OSError as exc:  # held (BlockingIOError), or no locks on this filesystem (ENOLCK, EOPNOTSUPP, ...)
             holder = _read_lock(fd)
-            os.close(fd)
-            return None, holder or {}
-        except OSError as exc:  # no locks on this filesystem (ENOLCK, EOPNOTSUPP, ...): the record decides
-            holder = _read_lock(fd)
-            if holder and holder.get("pid") != os.getpid() and not _gone(holder):
+            if isinstance(exc, BlockingIOError) or (holder and holder.get("pid") != os.getpid()
+                                                     and not _gone(holder)):
                 os.close(fd)
-                return None, holder
+                return None, holder or {}
             log.warning("%s: the filesystem does not lock files (%s): relying on the pid and host in it", path, exc)
-        if os.path.exists(path) and os.stat(path).st_ino == os.fstat(fd).st_ino:
+        if _is_file_of(path, fd):
             break
         os.close(fd)  # released and removed by its holder between our open and flock: take the new file
     previous = _read_lock(fd)
@@ -354,18 +337,16 @@ def _lock(path: Path) -> tuple[int | None, dict | None]:
 
 
 def _read_lock(fd: int) -> dict | None:
-    try:
+    with contextlib.suppress(ValueError):
         body = json.loads(os.pread(fd, 4096, 0) or b"null")
         return body if isinstance(body, dict) else None
-    except ValueError:
-        return None
+    return None
 
 
 @contextlib.contextmanager
 def hold_run_dir(accelerator: Accelerator, run_dir: Path):
-    """The main process locks <run dir>/run.lock and every rank learns the verdict before reading the folder: a
-    second run there (which would mix checkpoints and metrics) is refused, naming the first. Released and
-    removed at the end; a run killed with -9 leaves a file whose lock the kernel has already released."""
+    """The main process locks <run dir>/run.lock, every rank learns the verdict: a second run there is refused,
+    naming the first. Removed at the end; a run killed with -9 leaves a file the kernel has already unlocked."""
     path, fd, holder = Path(run_dir) / LOCK, None, None
     if accelerator.is_main_process:
         Path(run_dir).mkdir(parents=True, exist_ok=True)
@@ -385,7 +366,7 @@ def hold_run_dir(accelerator: Accelerator, run_dir: Path):
     finally:
         if fd is not None:
             with contextlib.suppress(OSError):
-                if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                if _is_file_of(path, fd):
                     path.unlink()
             os.close(fd)
 
@@ -397,13 +378,9 @@ RUN_ARTIFACTS = ("config.yaml", "metrics.jsonl", "summary.json", "checkpoints", 
 def _trained(run_dir: Path) -> list[str]:
     """What shows a run trained there (one that failed before its first step leaves only config.yaml and
     tokenizer/: nothing to lose)."""
-    found = []
-    if (run_dir / "metrics.jsonl").is_file() and (run_dir / "metrics.jsonl").stat().st_size:
-        found.append("metrics.jsonl")
-    found += [n for n in ("summary.json", "model") if (run_dir / n).exists()]
-    if any((run_dir / "checkpoints").glob("step_*")):
-        found.append("checkpoints")
-    return found
+    shows = {"metrics.jsonl": lambda p: p.is_file() and p.stat().st_size > 0, "summary.json": Path.exists,
+             "model": Path.exists, "checkpoints": lambda p: any(p.glob("step_*"))}
+    return [name for name, trained in shows.items() if trained(run_dir / name)]
 
 
 def check_run_dir(run_dir: Path, cfg: DictConfig, resume: Path | None) -> None:
@@ -435,47 +412,28 @@ def summarize(training: Training, ran_precision: str, started: float,
                                                training.state)
     unwrapped, device = accelerator.unwrap_model(model), accelerator.device
     peak, peak_kind = peak_memory_bytes(device)
+    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else precision.cpu_name()
+    seconds = max(state.train_seconds, 1e-9)
     return dict(
-        run_dir=str(run_dir),
-        model=cfg.model.name,
-        task=cfg.task.name,
-        task_family=cfg.task.family,
-        precision=ran_precision,
-        precision_requested=cfg.precision.name.value,
+        run_dir=str(run_dir), model=cfg.model.name, task=cfg.task.name, task_family=cfg.task.family,
+        precision=ran_precision, precision_requested=cfg.precision.name.value,
         # DeepSpeed: "autocast" (fp32 weights and gradients, as elsewhere) or "half" (16-bit weights and gradients).
         deepspeed_precision=(precision.deepspeed_mode(cfg.precision, cfg.distributed.deepspeed_precision)
                              if accelerator.distributed_type.value == "DEEPSPEED" else None),
         eval={k: v for k, v in state.eval_results.items() if k != "samples"},
-        eval_samples=state.eval_results["samples"],
-        main_metric=cfg.task.main_metric,
+        eval_samples=state.eval_results["samples"], main_metric=cfg.task.main_metric,
         # the class binary F1 scored, from the labels the model was trained with
         positive_label=training.family.positive_label(cfg.task, training.family.labels_from_model(unwrapped.config)),
-        train_loss=state.loss_sum / max(state.loss_batches, 1),
-        train_loss_last=state.last_loss,
-        train_samples_per_second=state.samples / max(state.train_seconds, 1e-9),
-        train_tokens_per_second=state.tokens / max(state.train_seconds, 1e-9),
-        train_samples=state.samples,
-        train_tokens=state.tokens,
-        peak_memory_bytes=peak,
-        peak_memory_kind=peak_kind,
-        wall_seconds=time.perf_counter() - started,
-        setup_seconds=setup_seconds,
-        train_seconds=state.train_seconds,
-        steps=state.step,
-        skipped_steps=state.skipped,
-        loss_scale_final=state.loss_scale,
+        train_loss=state.loss_sum / max(state.loss_batches, 1), train_loss_last=state.last_loss,
+        train_samples_per_second=state.samples / seconds, train_tokens_per_second=state.tokens / seconds,
+        train_samples=state.samples, train_tokens=state.tokens, peak_memory_bytes=peak, peak_memory_kind=peak_kind,
+        wall_seconds=time.perf_counter() - started, setup_seconds=setup_seconds, train_seconds=state.train_seconds,
+        steps=state.step, skipped_steps=state.skipped, loss_scale_final=state.loss_scale,
         epochs=state.epoch + state.batch_in_epoch / len(training.train_dl),
-        attn_implementation=unwrapped.config._attn_implementation,
-        compiled=bool(cfg.trainer.compile),
-        gradient_checkpointing=bool(cfg.model.gradient_checkpointing),
-        early_stopping=_early_stopping(cfg, state),
-        num_processes=accelerator.num_processes,
-        distributed_type=accelerator.distributed_type.value,
-        device=str(device),
-        device_name=torch.cuda.get_device_name(device) if device.type == "cuda" else precision.cpu_name(),
-        export_dir=None,
-        exported=None,
-        command=_command(run_dir),
+        attn_implementation=unwrapped.config._attn_implementation, compiled=bool(cfg.trainer.compile),
+        gradient_checkpointing=bool(cfg.model.gradient_checkpointing), early_stopping=_early_stopping(cfg, state),
+        num_processes=accelerator.num_processes, distributed_type=accelerator.distributed_type.value,
+        device=str(device), device_name=device_name, export_dir=None, exported=None, command=_command(run_dir),
         versions=dict(torch=torch.__version__, transformers=transformers.__version__,
                       accelerate=accelerate.__version__),
     )
@@ -522,11 +480,10 @@ def _base_model(m: DictConfig) -> str | None:
     path = m.name_or_path
     if not m.pretrained or path.startswith("pkg://") or Path(path).expanduser().exists():
         return None
-    try:
+    with contextlib.suppress(HFValidationError):
         validate_repo_id(path)  # refuses absolute, ./, ../ and ~ paths and anything deeper than org/name
-    except HFValidationError:
-        return None
-    return path
+        return path
+    return None
 
 
 def _eval_results(s: dict[str, Any], cfg: DictConfig, family: tasks.Family, dataset: str | None) -> list[EvalResult]:
@@ -553,12 +510,9 @@ def model_card(s: dict[str, Any], cfg: DictConfig, family: tasks.Family) -> str:
                          datasets=[dataset] if dataset else None, library_name="transformers",
                          pipeline_tag=family.pipeline_tag, tags=["ampft"],
                          eval_results=_eval_results(s, cfg, family, dataset) or None)
-    if base is not None:
-        start = f"`{base}` (Hugging Face Hub)"
-    elif cfg.model.pretrained:
-        start = f"the pretrained weights in `{cfg.model.name_or_path}`"
-    else:
-        start = f"random weights (the `{cfg.model.name}` architecture)"
+    start = (f"`{base}` (Hugging Face Hub)" if base is not None else f"the pretrained weights in "
+             f"`{cfg.model.name_or_path}`" if cfg.model.pretrained else f"random weights (the `{cfg.model.name}` "
+             "architecture)")
     metrics = "\n".join(f"| {k} | {v:.4f} |" for k, v in s["eval"].items())
     data_source = (f"`{dataset}`" + (f" ({task.subset})" if task.subset else "") if dataset
                    else f"local files (`{Path(task.train_file).name}`, `{Path(task.validation_file).name}`)"

@@ -1,15 +1,6 @@
-"""`make finetune` goes through here: one process runs the recipe directly, several go through
-`accelerate launch` (conf/accelerate/, via `python -m ampft.launch --accelerate`, which ends with the ranks'
-exit code where `accelerate launch` gives 1).
-
-    python -m ampft.launch [--dry-run] [hydra overrides ...]
-
-The config is composed and validated here, once (a mistake fails once, not in every rank), and handed on in
-`$AMPFT_LAUNCHED` with the recipe's arguments: a recipe started with exactly those runs it through Hydra's
-`run_job` (`run_launched`) without composing again; started any other way it composes itself. The run dir is
-decided here too and handed to every rank: unless given, a new folder created atomically (`mkdir` that fails
-if it exists), so no two runs share one; several machines need a shared one (`hydra.run.dir=` or
-`$SLURM_JOB_ID`). `--dry-run` prints every machine's command instead of running it.
+"""`make finetune` goes through here (`python -m ampft.launch [--dry-run] [hydra overrides ...]`): compose and
+validate once, decide the run dir once (created atomically), then the recipe or `accelerate launch` per machine,
+handed the composed config in `$AMPFT_LAUNCHED` (docs/architecture.md, `launch`).
 """
 
 from __future__ import annotations
@@ -72,18 +63,16 @@ def _run_dir(cfg: DictConfig, overrides: list[str], create: bool = True) -> str 
         job = os.environ.get("SLURM_JOB_ID")
         return f"{base}/job-{job}" if job else None
     drawn = set()
-    while True:
-        path = f"{base}/{run_stamp()}"
-        if not create:
-            return path
-        if path in drawn:  # run_stamp is fixed inside a rank ($LOCAL_RANK): no other name to draw
-            raise ConfigError([f"run dir {path} exists and no other name can be drawn here: pass hydra.run.dir="])
+    while (path := f"{base}/{run_stamp()}") not in drawn and create:
         drawn.add(path)
         try:
             Path(path).mkdir(parents=True, exist_ok=False)
             return path
         except FileExistsError:  # another run took this name in the same second: draw again
-            continue
+            pass
+    if create:  # run_stamp is fixed inside a rank ($LOCAL_RANK): no other name to draw
+        raise ConfigError([f"run dir {path} exists and no other name can be drawn here: pass hydra.run.dir="])
+    return path
 
 
 def commands(cfg: DictConfig, overrides: list[str], create: bool = True) -> tuple[list[list[str]], dict[str, str]]:
