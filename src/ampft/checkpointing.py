@@ -425,9 +425,15 @@ def breaking_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[str
     checkpoint from before a key existed has none: off."""
     a, b = flat(saved), flat(current)
     compiled = a.get("trainer.compile") or b.get("trainer.compile")
-    return [f"{key}: {a.get(key)!r} -> {b.get(key)!r}" for key in sorted(set(a) | set(b))
-            if a.get(key) != b.get(key) and (exact := schema_meta(key, "exact"))
-            and (exact != "compiled" or compiled and bool(a.get(key)) != bool(b.get(key)))]
+    out = []
+    for key in sorted(set(a) | set(b)):
+        exact = schema_meta(key, "exact")
+        if a.get(key) == b.get(key) or not exact:
+            continue
+        if exact == "compiled" and (not compiled or bool(a.get(key)) == bool(b.get(key))):
+            continue
+        out.append(f"{key}: {a.get(key)!r} -> {b.get(key)!r}")
+    return out
 
 
 def check_config(path: Path, current: dict[str, Any], allow: bool, world_size: int = 1) -> list[str]:

@@ -442,10 +442,13 @@ class Window:
                        f"before they were seen): {marked}.")
             self.pending = None
         good, h = self.good, self.good_health
-        kept = (f"The newest checkpoint known good is {good} (step {checkpointing.manifest(good)['step']}: the loss "
-                f"its weights produced in step {h.get('step')}, {h.get('loss', float('nan')):.4g}, passed these "
-                f"checks); resume from it with a fix: checkpoint.resume={good} checkpoint.allow_config_change=true."
-                if good is not None and good.is_dir() else "No checkpoint of this run is known good to go back to.")
+        if good is not None and good.is_dir():
+            kept = (f"The newest checkpoint known good is {good} (step {checkpointing.manifest(good)['step']}: the "
+                    f"loss its weights produced in step {h.get('step')}, {h.get('loss', float('nan')):.4g}, passed "
+                    f"these checks); resume from it with a fix: checkpoint.resume={good} "
+                    "checkpoint.allow_config_change=true.")
+        else:
+            kept = "No checkpoint of this run is known good to go back to."
         raise TrainingDiverged(
             f"training diverged at step {step}: {what}.\n  loss-scale history: {history}\n"
             "  likely fixes: precision=bf16 (fp32's range, no loss scaling); a lower optim.lr or more "

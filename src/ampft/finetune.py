@@ -37,8 +37,7 @@ from omegaconf import DictConfig, OmegaConf
 from transformers import PreTrainedTokenizerBase, get_scheduler
 
 from ampft import checkpointing, distributed, precision, tasks
-from ampft.config import ConfigError, OptimImplementation, flat, metric_mode, to_plain
-from ampft.config import process_start as _process_start
+from ampft.config import ConfigError, OptimImplementation, flat, metric_mode, process_start, to_plain
 from ampft.data import build_dataloaders, eval_dataloader, prepare_data
 from ampft.data.load import extra_split_names
 from ampft.engine import Training, TrainingDiverged, TrainState, fit, weights_finite
@@ -296,7 +295,7 @@ def _gone(holder: dict) -> bool:
         return True
     except PermissionError:  # alive, another user's
         return False
-    started = _process_start(holder["pid"])
+    started = process_start(holder["pid"])
     return started is not None and holder.get("started") is not None and started != holder["started"]
 
 
@@ -328,7 +327,7 @@ def _lock(path: Path) -> tuple[int | None, dict | None]:
     if previous and previous.get("pid") != os.getpid():
         log.warning("%s: taking over the lock of a run that is gone (pid %s on %s)", path, previous.get("pid"),
                     previous.get("host"))
-    me = {"pid": os.getpid(), "host": socket.gethostname(), "started": _process_start(os.getpid()),
+    me = {"pid": os.getpid(), "host": socket.gethostname(), "started": process_start(os.getpid()),
           "since": time.strftime("%Y-%m-%d %H:%M:%S")}
     os.ftruncate(fd, 0)
     os.pwrite(fd, json.dumps(me).encode(), 0)
@@ -510,9 +509,12 @@ def model_card(s: dict[str, Any], cfg: DictConfig, family: tasks.Family) -> str:
                          datasets=[dataset] if dataset else None, library_name="transformers",
                          pipeline_tag=family.pipeline_tag, tags=["ampft"],
                          eval_results=_eval_results(s, cfg, family, dataset) or None)
-    start = (f"`{base}` (Hugging Face Hub)" if base is not None else f"the pretrained weights in "
-             f"`{cfg.model.name_or_path}`" if cfg.model.pretrained else f"random weights (the `{cfg.model.name}` "
-             "architecture)")
+    if base is not None:
+        start = f"`{base}` (Hugging Face Hub)"
+    elif cfg.model.pretrained:
+        start = f"the pretrained weights in `{cfg.model.name_or_path}`"
+    else:
+        start = f"random weights (the `{cfg.model.name}` architecture)"
     metrics = "\n".join(f"| {k} | {v:.4f} |" for k, v in s["eval"].items())
     data_source = (f"`{dataset}`" + (f" ({task.subset})" if task.subset else "") if dataset
                    else f"local files (`{Path(task.train_file).name}`, `{Path(task.validation_file).name}`)"

@@ -63,16 +63,18 @@ def _run_dir(cfg: DictConfig, overrides: list[str], create: bool = True) -> str 
         job = os.environ.get("SLURM_JOB_ID")
         return f"{base}/job-{job}" if job else None
     drawn = set()
-    while (path := f"{base}/{run_stamp()}") not in drawn and create:
+    while True:
+        path = f"{base}/{run_stamp()}"
+        if not create:
+            return path
+        if path in drawn:  # run_stamp is fixed inside a rank ($LOCAL_RANK): no other name to draw
+            raise ConfigError([f"run dir {path} exists and no other name can be drawn here: pass hydra.run.dir="])
         drawn.add(path)
         try:
             Path(path).mkdir(parents=True, exist_ok=False)
             return path
         except FileExistsError:  # another run took this name in the same second: draw again
-            pass
-    if create:  # run_stamp is fixed inside a rank ($LOCAL_RANK): no other name to draw
-        raise ConfigError([f"run dir {path} exists and no other name can be drawn here: pass hydra.run.dir="])
-    return path
+            continue
 
 
 def commands(cfg: DictConfig, overrides: list[str], create: bool = True) -> tuple[list[list[str]], dict[str, str]]:

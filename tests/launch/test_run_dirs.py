@@ -207,13 +207,14 @@ def test_a_lock_left_by_a_killed_run_is_taken_over(tmp_path, caplog):
 
 def test_stale_lock_records_are_told_by_pid_and_host():
     """Where the filesystem has no locks, the record decides: gone only if on this host and not running."""
-    from ampft.finetune import _gone, _process_start
+    from ampft.config import process_start
+    from ampft.finetune import _gone
 
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     host = socket.gethostname()
     assert _gone({"pid": int(dead.stdout), "host": host})
-    assert not _gone({"pid": os.getpid(), "host": host, "started": _process_start(os.getpid())})
-    assert _gone({"pid": os.getpid(), "host": host, "started": _process_start(os.getpid()) - 1})  # a reused pid
+    assert not _gone({"pid": os.getpid(), "host": host, "started": process_start(os.getpid())})
+    assert _gone({"pid": os.getpid(), "host": host, "started": process_start(os.getpid()) - 1})  # a reused pid
     assert not _gone({"pid": int(dead.stdout), "host": host + "-elsewhere"})  # cannot tell: refused
 
 

@@ -250,10 +250,10 @@ def _first_run_bound(run: _Run, cfg: DictConfig) -> tuple[float, str] | None:
     """(seconds, what) bounding the first accuracy run from the baseline's speed-mode step, every row at full
     length; None without a speed-mode baseline or a known training-set size."""
     step, tr, samples = run.steps.get(run.b.baseline), cfg.trainer, cfg.task.max_train_samples
-    steps = int(tr.max_steps) if tr.max_steps > 0 else samples and math.ceil(
-        math.ceil(samples / tr.batch_size) / tr.grad_accum * tr.epochs)
-    if step is None or not steps:
+    if step is None or not (tr.max_steps > 0 or samples):
         return None
+    steps = int(tr.max_steps) if tr.max_steps > 0 else math.ceil(
+        math.ceil(samples / tr.batch_size) / tr.grad_accum * tr.epochs)
     rows = tr.batch_size * tr.grad_accum
     per_step = step * rows * cfg.task.max_length / (run.b.batch_size * run.b.seq_len)
     return steps * per_step, f"{steps} steps of {rows} x up to {cfg.task.max_length} tokens"
