@@ -21,6 +21,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+import psutil
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
@@ -476,28 +477,22 @@ class PredictConfig(SavedRunConfig):
     format: PredictFormat = PredictFormat.jsonl
 
 
-def process_start(pid: int) -> int | None:
-    """A process's start time in clock ticks since boot (Linux; None elsewhere): with the pid, its identity."""
+def process_start(pid: int) -> float | None:
+    """A process's start time (seconds since the epoch), None when it is not running: with the pid, its identity."""
     try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
         return None
 
 
 def run_stamp() -> str:
     """The run directory's name: start time and a 6-hex-digit suffix, the same in every rank one launcher
-    started (under a hand-typed `accelerate launch`: the parent launcher's start, a hash of host, pid and start),
+    started (under a hand-typed `accelerate launch`: the launcher's start, a hash of host, pid and start),
     random in a lone process, so no two runs share a folder (`make finetune` creates it: `ampft.launch`)."""
     fmt = "%Y-%m-%d_%H-%M-%S"
-    if "LOCAL_RANK" in os.environ and (start_ticks := process_start(os.getppid())) is not None:
-        try:
-            boot = next(int(x.split()[1]) for x in Path("/proc/stat").read_text().splitlines()
-                        if x.startswith("btime"))
-            started = datetime.fromtimestamp(boot + start_ticks / os.sysconf("SC_CLK_TCK"))
-            launcher = f"{socket.gethostname()}:{os.getppid()}:{start_ticks}:{boot}"
-            return f"{started.strftime(fmt)}_{hashlib.sha256(launcher.encode()).hexdigest()[:6]}"
-        except (OSError, ValueError, IndexError, StopIteration):
-            pass
+    if "LOCAL_RANK" in os.environ and (started := process_start(os.getppid())) is not None:
+        launcher = f"{socket.gethostname()}:{os.getppid()}:{started}"
+        return f"{datetime.fromtimestamp(started).strftime(fmt)}_{hashlib.sha256(launcher.encode()).hexdigest()[:6]}"
     return f"{datetime.now().strftime(fmt)}_{secrets.token_hex(3)}"
 
 
@@ -509,10 +504,9 @@ def recipe_groups(choices: DictConfig) -> str:
     of conf/ (other recipes' groups share it)."""
     lines = []
     for group in sorted(str(g) for g in choices if not str(g).startswith("hydra")):
-        for folder in sorted(d for d in [CONF_DIR / group, *(CONF_DIR / group).rglob("*")] if d.is_dir()):
-            options = sorted(f.stem for f in folder.glob("*.yaml"))
-            if options:
-                lines.append(f"{folder.relative_to(CONF_DIR)}: {', '.join(options)}")
+        options = sorted(p.relative_to(CONF_DIR / group).with_suffix("").as_posix()
+                         for p in (CONF_DIR / group).rglob("*.yaml"))
+        lines.append(f"{group}: {', '.join(options)}")
     return "\n".join(lines)
 
 
