@@ -411,26 +411,21 @@ class FinetuneConfig:
 
 
 def schema_fields(schema: type | None = None, prefix: str = "") -> dict[str, Field]:
-    """Every leaf field of the finetune schema by its dotted key (trainer.batch_size)."""
+    """Every field of the finetune schema by its dotted key, groups too (trainer, trainer.batch_size)."""
     out: dict[str, Field] = {}
     for f in fields(schema or FinetuneConfig):
-        sub = f.default_factory if is_dataclass(f.default_factory) else None
-        out.update(schema_fields(sub, f"{prefix}{f.name}.") if sub else {prefix + f.name: f})
+        out[prefix + f.name] = f
+        if is_dataclass(f.default_factory):
+            out.update(schema_fields(f.default_factory, f"{prefix}{f.name}."))
     return out
 
 
 def schema_meta(key: str, name: str) -> Any:
     """`name` ("range", "exact") as `setting` set it on a dotted key's field, else on the nearest group above
     it (also for keys inside a field or no longer in the schema). None: set nowhere."""
-    schema: Any = FinetuneConfig
-    value = None
-    for part in key.split("."):
-        f = next((f for f in fields(schema) if f.name == part), None) if schema else None
-        if f is None:
-            break
-        value = f.metadata.get(name, value)
-        schema = f.default_factory if is_dataclass(f.default_factory) else None
-    return value
+    known, parts = schema_fields(), key.split(".")
+    found = (known.get(".".join(parts[:n])) for n in range(len(parts), 0, -1))
+    return next((f.metadata[name] for f in found if f is not None and name in f.metadata), None)
 
 
 # The task keys `make evaluate` and `make predict` take for their file (null keeps the run's value); not the

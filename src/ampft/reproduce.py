@@ -45,13 +45,6 @@ def _budget(argv: list[str]) -> tuple[dict[str, float], list[str]]:
     return budget, rest
 
 
-def _experiment(overrides: list[str]) -> str:
-    names = [o.split("=", 1)[1] for o in overrides if o.startswith(("experiment=", "+experiment="))]
-    if not names:
-        raise ConfigError(["name a paper recipe: experiment=<one of conf/experiment/, e.g. sst2-bert-base>"])
-    return names[-1]
-
-
 def _train_losses(run_dir: Path) -> list[tuple[int, float]]:
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
@@ -119,16 +112,18 @@ def report(summary: dict[str, Any], cfg: DictConfig, recipe: DictConfig, budget:
 
 def main(argv: list[str]) -> None:
     budget, overrides = _budget(argv)
-    experiment = _experiment(overrides)
+    runs = [o.split("=", 1)[1] for o in overrides if o.startswith("hydra.run.dir=")]
+    overrides = [o for o in overrides if not o.startswith("hydra.run.dir=")]
+    overrides += [f"trainer.max_{key}={value}" for key, value in budget.items()]  # max_steps, max_minutes
+    cfg = compose(overrides, with_hydra=True)
+    experiment = cfg.hydra.runtime.choices.get("experiment")
+    if experiment is None:
+        raise ConfigError(["name a paper recipe: experiment=<one of conf/experiment/, e.g. sst2-bert-base>"])
     recipe = compose([f"experiment={experiment}"])
     if not recipe.published.scores:
         raise ConfigError([f"experiment={experiment} has no published scores (its `published:` block) to compare "
                            "with; choose a paper recipe from conf/experiment/"])
-    runs = [o.split("=", 1)[1] for o in overrides if o.startswith("hydra.run.dir=")]
     run_dir = Path(runs[-1] if runs else f"runs/reproduce/{experiment}/{time.strftime('%Y-%m-%d_%H-%M-%S')}")
-    overrides = [o for o in overrides if not o.startswith("hydra.run.dir=")]
-    overrides += [f"trainer.max_{key}={value}" for key, value in budget.items()]  # max_steps, max_minutes
-    cfg = compose(overrides)
     proc = subprocess.run([sys.executable, "-m", "ampft.launch", *overrides, f"hydra.run.dir={run_dir}"])
     if proc.returncode != 0:
         raise SystemExit(proc.returncode)

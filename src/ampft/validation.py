@@ -123,11 +123,6 @@ def early_stopping_checks(cfg: DictConfig) -> tuple[list[str], list[str]]:
     return problems, warnings
 
 
-def schema_keys() -> list[str]:
-    """Every leaf key of the finetune schema (dotted)."""
-    return list(schema_fields())
-
-
 def _holds(check, value) -> bool:
     try:
         return bool(check(value))
