@@ -231,10 +231,12 @@ class TaskConfig:
 class PrecisionConfig:
     name: Precision = Precision.fp32
     # Dynamic loss scaling (fp16 only), one set of keys for every backend; see docs/precision.md.
-    init_scale: float = 65536.0  # 2^16, torch's default
-    growth_factor: float = 2.0  # scale *= growth_factor after growth_interval clean steps
-    backoff_factor: float = 0.5  # scale *= backoff_factor on overflow (the step is skipped)
-    growth_interval: int = 2000
+    init_scale: float = setting(65536.0, range=(positive, "> 0"))  # 2^16, torch's default
+    # The scale grows by growth_factor after growth_interval clean steps, shrinks by backoff_factor on an overflow
+    # (the step is skipped).
+    growth_factor: float = setting(2.0, range=(lambda x: is_finite(x) and x > 1, "> 1"))
+    backoff_factor: float = setting(0.5, range=(lambda x: 0 < x < 1, "in (0, 1)"))
+    growth_interval: int = setting(2000, range=(at_least(1), ">= 1"))
     # Overflows tolerated before backing off (DeepSpeed only).
     hysteresis: int = setting(1, range=(at_least(1), ">= 1"))
     # A scale that collapses below this stops the run.
@@ -242,10 +244,11 @@ class PrecisionConfig:
     # A fixed scale instead of dynamic scaling.
     static_scale: float | None = setting(None, range=(optional(positive), "null (dynamic) or > 0"))
     # Stop the run after this many optimizer steps in a row with a non-finite loss.
-    max_consecutive_nonfinite: int = 10
+    max_consecutive_nonfinite: int = setting(10, range=(at_least(1), ">= 1"))
     # Stop the run when a logging window's mean loss exceeds this multiple of the first micro-batch's loss;
     # 0 disables. Fine-tuning stays well below it; a diverging run crosses it within a few steps.
-    max_loss_ratio: float = setting(10.0, exact=False)
+    max_loss_ratio: float = setting(10.0, exact=False, range=(lambda x: x == 0 or (is_finite(x) and x > 1),
+                                                              "> 1 (e.g. 10), or 0 to disable"))
 
 
 class DeepSpeedPrecision(Choice):
@@ -266,14 +269,14 @@ class DistributedConfig:
     name: str = "single"
     backend: Backend = Backend.single
     # Launch (read by `python -m ampft.launch`, i.e. `make finetune`): processes per machine, machines.
-    num_processes: int = 1
-    num_machines: int = 1
+    num_processes: int = setting(1, range=(at_least(1), ">= 1"))
+    num_machines: int = setting(1, range=(at_least(1), ">= 1"))
     machine_rank: int = 0
     main_process_ip: str | None = None
     main_process_port: int = setting(29500, range=(lambda x: 1 <= x <= 65535, "a port in [1, 65535]"))
     accelerate_config: str | None = None  # conf/accelerate/<file> for `accelerate launch`
     # DeepSpeed ZeRO (backend=deepspeed); its fp16/bf16 section comes from the precision group.
-    zero_stage: int = 2
+    zero_stage: int = setting(2, range=(lambda x: x in (0, 1, 2, 3), "a DeepSpeed ZeRO stage: 0, 1, 2 or 3"))
     offload_optimizer: bool = False
     offload_param: bool = False
     reduce_bucket_size: int = setting(500_000_000, range=(at_least(1), ">= 1"))
@@ -362,9 +365,10 @@ class TrainerConfig:
 
 @dataclass
 class CheckpointConfig:
-    every: int = 0  # optimizer steps; 0: no periodic checkpoints
-    keep_last: int = 2
-    keep_best: int = 0  # also keep the best K by `metric` (evaluated at each checkpoint)
+    every: int = setting(0, range=(at_least(0), ">= 0 (0: no periodic checkpoints)"))  # optimizer steps
+    keep_last: int = setting(2, range=(at_least(1), ">= 1"))
+    # Also keep the best K by `metric` (evaluated at each checkpoint).
+    keep_best: int = setting(0, range=(at_least(0), ">= 0"))
     metric: str | None = None  # null: task.main_metric; or `loss` (the validation loss)
     mode: MetricMode | None = None  # null: from the metric (min for loss, max for the others)
     resume: str | None = None  # latest | a checkpoint folder
