@@ -509,18 +509,11 @@ def recipe_groups(choices: DictConfig) -> str:
     return "\n".join(lines)
 
 
-def register_configs() -> None:
-    store = ConfigStore.instance()
-    store.store(name="finetune_schema", node=FinetuneConfig)
-    store.store(name="evaluate_schema", node=EvaluateConfig)
-    store.store(name="predict_schema", node=PredictConfig)
-    if not OmegaConf.has_resolver("ampft_stamp"):
-        OmegaConf.register_new_resolver("ampft_stamp", run_stamp, use_cache=True)
-    if not OmegaConf.has_resolver("ampft_groups"):
-        OmegaConf.register_new_resolver("ampft_groups", recipe_groups)
-
-
-register_configs()
+for name, schema in (("finetune_schema", FinetuneConfig), ("evaluate_schema", EvaluateConfig),
+                     ("predict_schema", PredictConfig)):
+    ConfigStore.instance().store(name=name, node=schema)
+OmegaConf.register_new_resolver("ampft_stamp", run_stamp, use_cache=True, replace=True)
+OmegaConf.register_new_resolver("ampft_groups", recipe_groups, replace=True)
 
 
 def to_plain(cfg: DictConfig) -> dict[str, Any]:
