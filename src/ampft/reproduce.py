@@ -53,6 +53,10 @@ def _train_losses(run_dir: Path) -> list[tuple[int, float]]:
     return [(e["step"], e["loss"]) for e in events if e.get("event") == "train"]
 
 
+def _score(x: float | None) -> str:
+    return "not reported" if x is None else f"{x:.1f}"
+
+
 def report(summary: dict[str, Any], cfg: DictConfig, recipe: DictConfig, budget: dict[str, float],
            experiment: str) -> tuple[str, dict[str, Any]]:
     """(markdown, json) of a budgeted run: its scores next to the published ones, the budget used."""
@@ -80,7 +84,6 @@ def report(summary: dict[str, Any], cfg: DictConfig, recipe: DictConfig, budget:
     losses = (f"{trail[0][1]:.4g} at step {trail[0][0]} -> {trail[-1][1]:.4g} at step {trail[-1][0]}" if trail
               else "none logged")
     asked = " and ".join(f"{v:g} {k}" for k, v in budget.items())
-    fmt = (lambda x: "not reported" if x is None else f"{x:.1f}")  # noqa: E731
     lines = [
         f"# {experiment}: a budgeted run of the paper recipe",
         "",
@@ -95,7 +98,7 @@ def report(summary: dict[str, Any], cfg: DictConfig, recipe: DictConfig, budget:
         "",
         "| metric | this run | published | run - published |",
         "|---|---|---|---|",
-        *(f"| {r['metric']} | {fmt(r['run'])} | {r['published']:.1f} | {fmt(r['gap'])} |" for r in rows),
+        *(f"| {r['metric']} | {_score(r['run'])} | {r['published']:.1f} | {_score(r['gap'])} |" for r in rows),
         "",
         f"Published: {cfg.published.source}, on {cfg.published.split}; this run scores the data named above"
         + (f" and {', '.join(extras)}" if extras else "") + ".",
