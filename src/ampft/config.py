@@ -21,6 +21,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+import psutil
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
@@ -230,10 +231,12 @@ class TaskConfig:
 class PrecisionConfig:
     name: Precision = Precision.fp32
     # Dynamic loss scaling (fp16 only), one set of keys for every backend; see docs/precision.md.
-    init_scale: float = 65536.0  # 2^16, torch's default
-    growth_factor: float = 2.0  # scale *= growth_factor after growth_interval clean steps
-    backoff_factor: float = 0.5  # scale *= backoff_factor on overflow (the step is skipped)
-    growth_interval: int = 2000
+    init_scale: float = setting(65536.0, range=(positive, "> 0"))  # 2^16, torch's default
+    # The scale grows by growth_factor after growth_interval clean steps, shrinks by backoff_factor on an overflow
+    # (the step is skipped).
+    growth_factor: float = setting(2.0, range=(lambda x: is_finite(x) and x > 1, "> 1"))
+    backoff_factor: float = setting(0.5, range=(lambda x: 0 < x < 1, "in (0, 1)"))
+    growth_interval: int = setting(2000, range=(at_least(1), ">= 1"))
     # Overflows tolerated before backing off (DeepSpeed only).
     hysteresis: int = setting(1, range=(at_least(1), ">= 1"))
     # A scale that collapses below this stops the run.
@@ -241,10 +244,11 @@ class PrecisionConfig:
     # A fixed scale instead of dynamic scaling.
     static_scale: float | None = setting(None, range=(optional(positive), "null (dynamic) or > 0"))
     # Stop the run after this many optimizer steps in a row with a non-finite loss.
-    max_consecutive_nonfinite: int = 10
+    max_consecutive_nonfinite: int = setting(10, range=(at_least(1), ">= 1"))
     # Stop the run when a logging window's mean loss exceeds this multiple of the first micro-batch's loss;
     # 0 disables. Fine-tuning stays well below it; a diverging run crosses it within a few steps.
-    max_loss_ratio: float = setting(10.0, exact=False)
+    max_loss_ratio: float = setting(10.0, exact=False, range=(lambda x: x == 0 or (is_finite(x) and x > 1),
+                                                              "> 1 (e.g. 10), or 0 to disable"))
 
 
 class DeepSpeedPrecision(Choice):
@@ -265,14 +269,14 @@ class DistributedConfig:
     name: str = "single"
     backend: Backend = Backend.single
     # Launch (read by `python -m ampft.launch`, i.e. `make finetune`): processes per machine, machines.
-    num_processes: int = 1
-    num_machines: int = 1
+    num_processes: int = setting(1, range=(at_least(1), ">= 1"))
+    num_machines: int = setting(1, range=(at_least(1), ">= 1"))
     machine_rank: int = 0
     main_process_ip: str | None = None
     main_process_port: int = setting(29500, range=(lambda x: 1 <= x <= 65535, "a port in [1, 65535]"))
     accelerate_config: str | None = None  # conf/accelerate/<file> for `accelerate launch`
     # DeepSpeed ZeRO (backend=deepspeed); its fp16/bf16 section comes from the precision group.
-    zero_stage: int = 2
+    zero_stage: int = setting(2, range=(lambda x: x in (0, 1, 2, 3), "a DeepSpeed ZeRO stage: 0, 1, 2 or 3"))
     offload_optimizer: bool = False
     offload_param: bool = False
     reduce_bucket_size: int = setting(500_000_000, range=(at_least(1), ">= 1"))
@@ -361,9 +365,10 @@ class TrainerConfig:
 
 @dataclass
 class CheckpointConfig:
-    every: int = 0  # optimizer steps; 0: no periodic checkpoints
-    keep_last: int = 2
-    keep_best: int = 0  # also keep the best K by `metric` (evaluated at each checkpoint)
+    every: int = setting(0, range=(at_least(0), ">= 0 (0: no periodic checkpoints)"))  # optimizer steps
+    keep_last: int = setting(2, range=(at_least(1), ">= 1"))
+    # Also keep the best K by `metric` (evaluated at each checkpoint).
+    keep_best: int = setting(0, range=(at_least(0), ">= 0"))
     metric: str | None = None  # null: task.main_metric; or `loss` (the validation loss)
     mode: MetricMode | None = None  # null: from the metric (min for loss, max for the others)
     resume: str | None = None  # latest | a checkpoint folder
@@ -410,26 +415,21 @@ class FinetuneConfig:
 
 
 def schema_fields(schema: type | None = None, prefix: str = "") -> dict[str, Field]:
-    """Every leaf field of the finetune schema by its dotted key (trainer.batch_size)."""
+    """Every field of the finetune schema by its dotted key, groups too (trainer, trainer.batch_size)."""
     out: dict[str, Field] = {}
     for f in fields(schema or FinetuneConfig):
-        sub = f.default_factory if is_dataclass(f.default_factory) else None
-        out.update(schema_fields(sub, f"{prefix}{f.name}.") if sub else {prefix + f.name: f})
+        out[prefix + f.name] = f
+        if is_dataclass(f.default_factory):
+            out.update(schema_fields(f.default_factory, f"{prefix}{f.name}."))
     return out
 
 
 def schema_meta(key: str, name: str) -> Any:
     """`name` ("range", "exact") as `setting` set it on a dotted key's field, else on the nearest group above
     it (also for keys inside a field or no longer in the schema). None: set nowhere."""
-    schema: Any = FinetuneConfig
-    value = None
-    for part in key.split("."):
-        f = next((f for f in fields(schema) if f.name == part), None) if schema else None
-        if f is None:
-            break
-        value = f.metadata.get(name, value)
-        schema = f.default_factory if is_dataclass(f.default_factory) else None
-    return value
+    known, parts = schema_fields(), key.split(".")
+    found = (known.get(".".join(parts[:n])) for n in range(len(parts), 0, -1))
+    return next((f.metadata[name] for f in found if f is not None and name in f.metadata), None)
 
 
 # The task keys `make evaluate` and `make predict` take for their file (null keeps the run's value); not the
@@ -476,28 +476,22 @@ class PredictConfig(SavedRunConfig):
     format: PredictFormat = PredictFormat.jsonl
 
 
-def process_start(pid: int) -> int | None:
-    """A process's start time in clock ticks since boot (Linux; None elsewhere): with the pid, its identity."""
+def process_start(pid: int) -> float | None:
+    """A process's start time (seconds since the epoch), None when it is not running: with the pid, its identity."""
     try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
         return None
 
 
 def run_stamp() -> str:
     """The run directory's name: start time and a 6-hex-digit suffix, the same in every rank one launcher
-    started (under a hand-typed `accelerate launch`: the parent launcher's start, a hash of host, pid and start),
+    started (under a hand-typed `accelerate launch`: the launcher's start, a hash of host, pid and start),
     random in a lone process, so no two runs share a folder (`make finetune` creates it: `ampft.launch`)."""
     fmt = "%Y-%m-%d_%H-%M-%S"
-    if "LOCAL_RANK" in os.environ and (start_ticks := process_start(os.getppid())) is not None:
-        try:
-            boot = next(int(x.split()[1]) for x in Path("/proc/stat").read_text().splitlines()
-                        if x.startswith("btime"))
-            started = datetime.fromtimestamp(boot + start_ticks / os.sysconf("SC_CLK_TCK"))
-            launcher = f"{socket.gethostname()}:{os.getppid()}:{start_ticks}:{boot}"
-            return f"{started.strftime(fmt)}_{hashlib.sha256(launcher.encode()).hexdigest()[:6]}"
-        except (OSError, ValueError, IndexError, StopIteration):
-            pass
+    if "LOCAL_RANK" in os.environ and (started := process_start(os.getppid())) is not None:
+        launcher = f"{socket.gethostname()}:{os.getppid()}:{started}"
+        return f"{datetime.fromtimestamp(started).strftime(fmt)}_{hashlib.sha256(launcher.encode()).hexdigest()[:6]}"
     return f"{datetime.now().strftime(fmt)}_{secrets.token_hex(3)}"
 
 
@@ -509,25 +503,17 @@ def recipe_groups(choices: DictConfig) -> str:
     of conf/ (other recipes' groups share it)."""
     lines = []
     for group in sorted(str(g) for g in choices if not str(g).startswith("hydra")):
-        for folder in sorted(d for d in [CONF_DIR / group, *(CONF_DIR / group).rglob("*")] if d.is_dir()):
-            options = sorted(f.stem for f in folder.glob("*.yaml"))
-            if options:
-                lines.append(f"{folder.relative_to(CONF_DIR)}: {', '.join(options)}")
+        options = sorted(p.relative_to(CONF_DIR / group).with_suffix("").as_posix()
+                         for p in (CONF_DIR / group).rglob("*.yaml"))
+        lines.append(f"{group}: {', '.join(options)}")
     return "\n".join(lines)
 
 
-def register_configs() -> None:
-    store = ConfigStore.instance()
-    store.store(name="finetune_schema", node=FinetuneConfig)
-    store.store(name="evaluate_schema", node=EvaluateConfig)
-    store.store(name="predict_schema", node=PredictConfig)
-    if not OmegaConf.has_resolver("ampft_stamp"):
-        OmegaConf.register_new_resolver("ampft_stamp", run_stamp, use_cache=True)
-    if not OmegaConf.has_resolver("ampft_groups"):
-        OmegaConf.register_new_resolver("ampft_groups", recipe_groups)
-
-
-register_configs()
+for name, schema in (("finetune_schema", FinetuneConfig), ("evaluate_schema", EvaluateConfig),
+                     ("predict_schema", PredictConfig)):
+    ConfigStore.instance().store(name=name, node=schema)
+OmegaConf.register_new_resolver("ampft_stamp", run_stamp, use_cache=True, replace=True)
+OmegaConf.register_new_resolver("ampft_groups", recipe_groups, replace=True)
 
 
 def to_plain(cfg: DictConfig) -> dict[str, Any]:

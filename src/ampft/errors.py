@@ -148,8 +148,7 @@ def _declared(node: Any) -> list[str] | None:
 def _no_such_key(key: str, parent: Any | None, given: str) -> str:
     """`given: no such key`, with the closest keys of `key`'s parent (or, failing any, all of them)."""
     where, _, name = key.rpartition(".")
-    keys = (_declared(parent) or [k for k in parent if k != name]) if parent is not None else []
-    keys = [k for k in keys if k != "hydra"]
+    keys = [k for k in ([] if parent is None else _declared(parent) or parent) if k not in (name, "hydra")]
     close = difflib.get_close_matches(name, keys, n=3, cutoff=0.6)
     full = [f"{where}.{k}" if where else k for k in close or keys]
     hint = f"did you mean {' or '.join(full)}?" if close else f"the keys{' of ' + where if where else ''}: {', '.join(full)}"
@@ -158,9 +157,9 @@ def _no_such_key(key: str, parent: Any | None, given: str) -> str:
 
 
 def check_overrides(cfg: Any, overrides: list[str]) -> None:
-    """Refuse what Hydra composes silently while the run ignores it: a key added with `+`/`++` that no schema
-    declares (`+trainer.max_step=3`), and a missing option of an optional group (`experiment=nope`). Open dicts
-    (`+model.arch.x=...`), deletions and `hydra.*` are left to Hydra. Call it inside Hydra's context."""
+    """Refuse a key added with `+`/`++` that no schema declares (`+trainer.max_step=3`), which Hydra adds while
+    nothing reads it. Open dicts (`+model.arch.x=...`), groups and `hydra.*` are left to Hydra (a group option not
+    in conf/<group>/ is its MissingConfigException). Call it inside Hydra's context."""
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from omegaconf import DictConfig
@@ -169,19 +168,7 @@ def check_overrides(cfg: Any, overrides: list[str]) -> None:
     problems = []
     for o in OverridesParser.create().parse_overrides(overrides):
         key = o.key_or_group
-        if key.split(".")[0].split("/")[0] == "hydra" or o.is_delete():
-            continue
-        options = loader.get_group_options(key)
-        if options:  # a config group: its option must be a file of conf/<group>/
-            choice = o.value()
-            if isinstance(choice, str):
-                sub, _, name = choice.rpartition("/")
-                there = [f"{sub}/{x}" for x in loader.get_group_options(f"{key}/{sub}")] if sub else options
-                if choice not in there:
-                    problems.append(f"{o.input_line}: no such option in conf/{key}/; choose one of "
-                                    f"{', '.join(sorted(there or options))}")
-            continue
-        if not (o.is_add() or o.is_force_add()):
+        if not (o.is_add() or o.is_force_add()) or key.split(".")[0] == "hydra" or loader.get_group_options(key):
             continue
         node = cfg
         parts = key.split(".")
@@ -204,22 +191,17 @@ def compose_problem(exc: BaseException) -> str | None:
     from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
     from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
-    def line(text: str) -> str:
-        return " ".join(text.split())
-
-    if isinstance(exc, MissingConfigException):
-        group, _, option = (exc.missing_cfg_file or "").rpartition("/")
-        if group and exc.options is not None:
-            return f"{group}={option}: no such option in conf/{group}/; choose one of {', '.join(exc.options)}"
-        return line(str(exc).split("Config search path")[0])
+    cause = exc.__cause__
+    if isinstance(exc, MissingConfigException) and exc.options is not None:
+        group, _, option = exc.missing_cfg_file.partition("/")
+        return f"{group}={option}: no such option in conf/{group}/; choose one of {', '.join(exc.options)}"
     if isinstance(exc, OverrideParseException):
         return (f"{exc.override}: not an override Hydra can parse ({exc.message.splitlines()[0]}); quote a "
                 "value with special characters, e.g. 'task.name=\"a b\"'")
-    cause = exc.__cause__
     if isinstance(exc, ConfigCompositionException) and isinstance(cause, OmegaConfBaseException) and cause.full_key:
-        if isinstance(cause, (ConfigKeyError, ConfigAttributeError)):
+        if isinstance(cause, ConfigKeyError | ConfigAttributeError):
             return _no_such_key(cause.full_key, cause.parent_node, cause.full_key)
-        return f"{cause.full_key}: {line(str(cause.msg).splitlines()[0])}"
-    if isinstance(exc, ConfigCompositionException | ValueError):  # Hydra's own ValueErrors: e.g. `experiment=null`
-        return line(str(exc))
+        return f"{cause.full_key}: {str(cause.msg).splitlines()[0]}"
+    if isinstance(exc, ConfigCompositionException | MissingConfigException | ValueError):  # e.g. `experiment=null`
+        return " ".join(str(exc).split("Config search path")[0].split())
     return None

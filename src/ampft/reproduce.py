@@ -45,19 +45,16 @@ def _budget(argv: list[str]) -> tuple[dict[str, float], list[str]]:
     return budget, rest
 
 
-def _experiment(overrides: list[str]) -> str:
-    names = [o.split("=", 1)[1] for o in overrides if o.startswith(("experiment=", "+experiment="))]
-    if not names:
-        raise ConfigError(["name a paper recipe: experiment=<one of conf/experiment/, e.g. sst2-bert-base>"])
-    return names[-1]
-
-
 def _train_losses(run_dir: Path) -> list[tuple[int, float]]:
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
         return []
     events = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
     return [(e["step"], e["loss"]) for e in events if e.get("event") == "train"]
+
+
+def _score(x: float | None) -> str:
+    return "not reported" if x is None else f"{x:.1f}"
 
 
 def report(summary: dict[str, Any], cfg: DictConfig, recipe: DictConfig, budget: dict[str, float],
@@ -87,7 +84,6 @@ def report(summary: dict[str, Any], cfg: DictConfig, recipe: DictConfig, budget:
     losses = (f"{trail[0][1]:.4g} at step {trail[0][0]} -> {trail[-1][1]:.4g} at step {trail[-1][0]}" if trail
               else "none logged")
     asked = " and ".join(f"{v:g} {k}" for k, v in budget.items())
-    fmt = (lambda x: "not reported" if x is None else f"{x:.1f}")  # noqa: E731
     lines = [
         f"# {experiment}: a budgeted run of the paper recipe",
         "",
@@ -102,7 +98,7 @@ def report(summary: dict[str, Any], cfg: DictConfig, recipe: DictConfig, budget:
         "",
         "| metric | this run | published | run - published |",
         "|---|---|---|---|",
-        *(f"| {r['metric']} | {fmt(r['run'])} | {r['published']:.1f} | {fmt(r['gap'])} |" for r in rows),
+        *(f"| {r['metric']} | {_score(r['run'])} | {r['published']:.1f} | {_score(r['gap'])} |" for r in rows),
         "",
         f"Published: {cfg.published.source}, on {cfg.published.split}; this run scores the data named above"
         + (f" and {', '.join(extras)}" if extras else "") + ".",
@@ -119,16 +115,18 @@ def report(summary: dict[str, Any], cfg: DictConfig, recipe: DictConfig, budget:
 
 def main(argv: list[str]) -> None:
     budget, overrides = _budget(argv)
-    experiment = _experiment(overrides)
+    runs = [o.split("=", 1)[1] for o in overrides if o.startswith("hydra.run.dir=")]
+    overrides = [o for o in overrides if not o.startswith("hydra.run.dir=")]
+    overrides += [f"trainer.max_{key}={value}" for key, value in budget.items()]  # max_steps, max_minutes
+    cfg = compose(overrides, with_hydra=True)
+    experiment = cfg.hydra.runtime.choices.get("experiment")
+    if experiment is None:
+        raise ConfigError(["name a paper recipe: experiment=<one of conf/experiment/, e.g. sst2-bert-base>"])
     recipe = compose([f"experiment={experiment}"])
     if not recipe.published.scores:
         raise ConfigError([f"experiment={experiment} has no published scores (its `published:` block) to compare "
                            "with; choose a paper recipe from conf/experiment/"])
-    runs = [o.split("=", 1)[1] for o in overrides if o.startswith("hydra.run.dir=")]
     run_dir = Path(runs[-1] if runs else f"runs/reproduce/{experiment}/{time.strftime('%Y-%m-%d_%H-%M-%S')}")
-    overrides = [o for o in overrides if not o.startswith("hydra.run.dir=")]
-    overrides += [f"trainer.max_{key}={value}" for key, value in budget.items()]  # max_steps, max_minutes
-    cfg = compose(overrides)
     proc = subprocess.run([sys.executable, "-m", "ampft.launch", *overrides, f"hydra.run.dir={run_dir}"])
     if proc.returncode != 0:
         raise SystemExit(proc.returncode)

@@ -51,7 +51,6 @@ class SweepSummary(Callback):
         self.sweep_dir: Path | None = None  # set in a multirun only
         self.rows: list[dict[str, Any]] = []
         self.fixed: list[str] = []  # the overrides every job has (shown once, above the table)
-        self.fixed_keys: set[str] = set()
         self.basic = True
         self.started = 0.0
 
@@ -59,7 +58,6 @@ class SweepSummary(Callback):
         self.sweep_dir = Path(config.hydra.sweep.dir).absolute()
         parsed = OverridesParser.create().parse_overrides(list(config.hydra.overrides.task))
         self.fixed = [o.input_line for o in parsed if not o.is_sweep_override()]
-        self.fixed_keys = {o.get_key_element() for o in parsed if not o.is_sweep_override()}
         self.basic = OmegaConf.select(config, "hydra.sweeper._target_") == BASIC_SWEEPER
         sweeper = config.hydra.sweeper
         with read_write(sweeper), open_dict(sweeper):  # before the sweeper is instantiated from it
@@ -121,13 +119,14 @@ class SweepSummary(Callback):
         def cell(x: Any) -> str:
             return str(x).replace("|", "\\|")
 
+        fixed = {o.split("=", 1)[0] for o in self.fixed}
         lines = ["| job | overrides | status | exit | main metric | wall time | run dir | error |",
                  "|---|---|---|---|---|---|---|---|"]
         for r in self.rows:
             run_dir = Path(r["run_dir"])
             shown = run_dir.relative_to(self.sweep_dir) if run_dir.is_relative_to(self.sweep_dir) else run_dir
             value = "" if r["status"] != "completed" else f"{r['metric']}={_fmt(r['value'])}"
-            varying = " ".join(o for o in r["overrides"] if o.split("=", 1)[0] not in self.fixed_keys)
+            varying = " ".join(o for o in r["overrides"] if o.split("=", 1)[0] not in fixed)
             cells = (r["job"], varying, r["status"], r["exit_code"], value, f"{r['wall_seconds']:.1f} s", shown,
                      r["error"] or "")
             lines.append("| " + " | ".join(cell(x) for x in cells) + " |")

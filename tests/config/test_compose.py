@@ -98,6 +98,20 @@ def test_all_cross_field_problems_reported_at_once(compose, tmp_path):
     assert len(problems) >= 6
 
 
+@pytest.mark.parametrize("override", [
+    "checkpoint.every=-1", "checkpoint.keep_last=0", "checkpoint.keep_best=-1", "distributed.num_processes=0",
+    "distributed.num_machines=0", "distributed.zero_stage=4", "precision.init_scale=0", "precision.growth_factor=1",
+    "precision.backoff_factor=1", "precision.growth_interval=0", "precision.max_consecutive_nonfinite=0",
+    "precision.max_loss_ratio=0.5",
+])
+def test_a_value_outside_its_schema_range_names_the_key_and_the_range(compose, override):
+    """Each key's range is declared once, with the key (`setting(range=...)`), whatever the precision or backend."""
+    with pytest.raises(ConfigError) as err:
+        validate(compose([override]))
+    key = override.split("=")[0]
+    assert [p for p in err.value.problems if p.startswith(f"{key}=") and ": must be " in p], err.value.problems
+
+
 def test_random_init_needs_an_architecture(compose):
     cfg = compose(["model=bert-large", "model.pretrained=false", "~model.arch.model_type"])
     with pytest.raises(ConfigError, match="model.arch.model_type"):
@@ -127,7 +141,7 @@ def test_default_run_dir_names_task_model_and_precision():
     ("+trainer.foo.bar=1", "trainer.foo", "the keys of trainer:"),
     ("++trainer.max_stpes=3", "trainer.max_stpes", "did you mean trainer.max_steps"),
     ("experiment=sst2-bert-bsae", "experiment=sst2-bert-bsae", "choose one of cola-bert-base"),
-    ("experiment=bert-paper/nope", "experiment=bert-paper/nope", "choose one of bert-paper/conll2003"),
+    ("experiment=bert-paper/nope", "experiment=bert-paper/nope", "choose one of cola-bert-base"),
 ])
 def test_a_key_or_option_nothing_reads_is_refused(override, named, suggested):
     from ampft.launch import compose as recipe_compose
