@@ -195,12 +195,4 @@ def preflight(cfg: DictConfig) -> tuple[list[str], list[str]]:
         if p.hysteresis != 1:
             warnings.append(f"precision.hysteresis={p.hysteresis} is honoured by DeepSpeed only; torch's GradScaler "
                             "backs off on the first overflow")
-        if p.init_scale <= 0 or not 0 < p.backoff_factor < 1 or p.growth_factor <= 1 or p.growth_interval < 1:
-            errors.append("precision loss scaling needs init_scale > 0, 0 < backoff_factor < 1, growth_factor > 1, "
-                          f"growth_interval >= 1; got init_scale={p.init_scale}, backoff_factor={p.backoff_factor}, "
-                          f"growth_factor={p.growth_factor}, growth_interval={p.growth_interval}")
-    if p.max_consecutive_nonfinite < 1:
-        errors.append(f"precision.max_consecutive_nonfinite={p.max_consecutive_nonfinite}: must be >= 1")
-    if not (p.max_loss_ratio == 0 or p.max_loss_ratio > 1):
-        errors.append(f"precision.max_loss_ratio={p.max_loss_ratio}: must be > 1 (e.g. 10), or 0 to disable")
     return errors, warnings
