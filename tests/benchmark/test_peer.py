@@ -140,7 +140,8 @@ def test_report_states_missed_targets_and_accuracy_gaps(tmp_path):
     assert "ampft-random accuracy within 1 point(s) of trainer: -2.00, **NO**" in md
     assert "**Warning:**" in md and "`ampft-random` seed 42 (40% of the machine)" in md
     assert "- trainer.length_chunks=1: 0.50x the samples/s" in md
-    assert "| `ampft` | ampft | (defaults) | 40.0 | 400 | 2.5 | 7.5 | 1,024 MiB | 4.00 |" in md
+    assert ("| `ampft` | ampft | fp32 | 1 (0 diverged) | 0.8530 (n=1) | +0.0030 (no CI, n=1) | — | 40.0 | 400 | 2.5 | "
+            "25% | 7.5 | 1,024 MiB | 4.00 | 0% |") in md
     assert "## Claims" not in md  # the published claims are about ampft's precisions, not a comparison
     (tmp_path / "report.md").unlink()
     assert rerender(tmp_path).read_text() == md
@@ -226,7 +227,8 @@ def test_bf16_arms_give_each_sides_gain_and_ampft_over_trainer_per_precision(tmp
     assert "ampft's bf16/fp32 gain 1.25x against the Trainer's 1.66x" in md and "**less than the Trainer's**" in md
     assert "This CPU has no native bf16 arithmetic (no AVX512-BF16 or AMX-BF16)" in md
     # the accuracy runs' speeds: x trainer only for fp32 arms, x trainer-bf16 only for bf16 arms
-    assert "| `ampft-bf16` | ampft | precision=bf16 | 125.0 | 1250 | 0.8 | 5.8 | 1,024 MiB | — | 1.98 |" in md
+    assert "| `ampft-bf16` | ampft | bf16 | 2 (0 diverged) | 0.7450 ± 0.0071 (n=2) | -0.0200 [-0.0200, -0.0200] | —, — " \
+           "| 125.0 | 1,250 | 0.8 | 30% | 5.8 | 1,024 MiB | — | 1.98 | 0% |" in md
     # fast-path ablations stay within the base arm's precision
     assert "- model.attn_implementation=eager: 0.90x" in md and "- precision=bf16" not in md
     assert "| device | AMD EPYC 9B14, 2 cores, CPU only (no GPU) |" in md and "| CPU features | avx2, avx512f |" in md

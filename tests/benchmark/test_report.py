@@ -143,10 +143,15 @@ def test_report_renders_the_tables_and_says_what_did_not_reproduce():
     md = report.render(res, ["throughput.png"])
     assert "NVIDIA A100-SXM4-80GB" in md and "driver | 550.54" in md and "torch | 2.13.0" in md
     assert "| host CPU | Xeon (32 cores) |" in md and "| CPU features | — |" in md  # the host's, on a GPU too
-    assert "| arm | precision | time (% of fp32) | memory (% of fp32) |" in md
-    assert "| `fp16` | fp16 | 28% | 55% |" in md
+    assert ("| arm | precision | attention | batch×seq | step ms median [IQR] | time (% of fp32) | samples/s | tokens/s "
+            "| TFLOP/s | MFU | peak allocated (reserved) | memory (% of fp32) |") in md
+    assert "| `fp16` | fp16 | sdpa | 32×384 | 282.8 [278.6–319.2] | 28% | 113.2 | 43,451 | 83.9 | 27% | " \
+           "11,264 MiB (12,288 MiB) | 55% | 2 |" in md
     assert "0.9100 ± 0.0100 (n=3)" in md
-    assert "**Did not reproduce here:**" in md and "Tensor Cores (TF32/FP16/BF16) give 1.5-3x" in md
+    assert ("| Tensor Cores (TF32/FP16/BF16) give 1.5-3x FP32's throughput | **did not reproduce** | bf16: 1.11x fp32 "
+            "on this GPU (NVIDIA A100-SXM4-80GB) |  |") in md
+    verdicts = [line.split(" | ")[1] for line in md.split("## Claims")[1].splitlines() if line.startswith("| ")][2:]
+    assert verdicts == sorted(verdicts, key=["**did not reproduce**", "**not checked**", "**reproduced**"].index)
     assert "| `fp32` | 20,480 MiB | OOM | 32 |" in md  # the sweep: batch 64 did not fit
     assert "![" in md and "(throughput.png)" in md
     assert "**Warning:**" not in md

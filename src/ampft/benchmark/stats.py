@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from ampft.extras import require
 
 
-def _t_ppf(q: float, dof: float) -> float:
+def t_ppf(q: float, dof: float) -> float:
     return float(require("scipy.stats", "metrics", "the benchmark's confidence intervals (accuracy mode, "
                          "two or more seeds)").t.ppf(q, dof))
 
@@ -37,7 +37,7 @@ def difference_ci(arm: dict[int, float], base: dict[int, float], confidence: flo
         d = [arm[s] - base[s] for s in shared]
         method, n, mean = "paired", len(d), statistics.fmean(d)
         if n >= 2:
-            half = _t_ppf(q, n - 1) * statistics.stdev(d) / math.sqrt(n)
+            half = t_ppf(q, n - 1) * statistics.stdev(d) / math.sqrt(n)
     else:
         x, y = list(arm.values()), list(base.values())
         method, n = "welch", min(len(x), len(y))
@@ -47,7 +47,7 @@ def difference_ci(arm: dict[int, float], base: dict[int, float], confidence: flo
             half = 0.0  # no spread at all: the interval is the mean
             if vx + vy > 0:
                 dof = (vx + vy) ** 2 / (vx**2 / (len(x) - 1) + vy**2 / (len(y) - 1))
-                half = _t_ppf(q, dof) * math.sqrt(vx + vy)
+                half = t_ppf(q, dof) * math.sqrt(vx + vy)
     low, high = (None, None) if half is None else (mean - half, mean + half)
     return dict(method=method, n=n, mean=mean, ci_low=low, ci_high=high, confidence=confidence)
 
