@@ -26,7 +26,6 @@ def _speed_raw(arm, precision, step, mem, attn="sdpa", sweep=(), cuda=True):
                 model="bert-large", pretrained=False, batch_size=32, seq_len=384, device="cuda:0",
                 warmup_step_seconds=[step * 3], step_seconds=[step * 0.98, step, step * 1.02, step * 1.5],
                 losses=[0.7, 0.69, 0.69, 0.68], skipped_steps=2 if precision == "fp16" else 0, loss_scale=None,
-                memory_after_build={"allocated_bytes": 10, "reserved_bytes": 20} if cuda else {"rss_bytes": 10},
                 memory_peak={"peak_allocated_bytes": mem, "peak_reserved_bytes": mem + 2**30} if cuda
                 else {"peak_rss_bytes": mem},
                 peak_window="timed+warmup steps", params=335_000_000, params_nonembedding=303_000_000,

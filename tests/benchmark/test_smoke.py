@@ -79,7 +79,6 @@ def test_speed_raw_fields(smoke):
         assert len(a["losses"]) == 4 and all(0.3 < x < 1.2 for x in a["losses"])  # ~ln 2 for random init
         assert a["skipped_steps"] == 0 and a["loss_scale"] is None
         assert 100 * 2**20 < a["memory_peak"]["peak_rss_bytes"] < 24 * 2**30
-        assert a["memory_after_build"]["rss_bytes"] <= a["memory_peak"]["peak_rss_bytes"]
         assert a["peak_window"] == "timed+warmup steps"
         assert 0.0 <= a["other_cpu_share"] <= 1.0  # other processes' share of the CPU while the arm ran
         assert a["params_nonembedding"] == 71_362 and a["flops_per_token"] == 6 * 71_362 + 12 * 2 * 32 * 64
@@ -124,7 +123,7 @@ def test_accuracy_runs_and_summary(smoke):
     assert arms["fp32"]["diff"] is None and arms["fp32"]["time_vs_baseline"] == 1.0
     bf16 = arms["bf16"]
     assert bf16["runs"] == 2 and bf16["diverged"] == 0 and bf16["metric"]["n"] == 2
-    assert bf16["diff"]["method"] == "paired" and bf16["diff"]["n"] == 2
+    assert bf16["diff"]["n"] == 2
     assert bf16["diff"]["ci_low"] <= bf16["diff"]["mean"] <= bf16["diff"]["ci_high"]
 
 

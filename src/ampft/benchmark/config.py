@@ -107,7 +107,7 @@ class BenchmarkConfig:
     seed: int = 42  # trainer.seed in speed mode, and the seed of the synthetic batches
     baseline: str = "fp32"  # the arm the others are compared with
     # wall-clock minutes the whole benchmark may take: arms projected to blow it are shortened or skipped
-    # (the policy: ampft.benchmark.budget, docs/benchmarks/README.md#the-time-budget); null: no budget
+    # (the policy: ampft.benchmark.runner, docs/benchmarks/README.md#the-time-budget); null: no budget
     budget_minutes: float | None = None
     overrides: list[str] = field(default_factory=lambda: ["logging=none", "trainer.progress_bar=false"])
     extra: list[str] = field(default_factory=list)  # more shared overrides, for the command line (after those)

@@ -49,8 +49,7 @@ def csv_rows(results: dict) -> list[dict]:
         add(("speed", r["arm"], r["precision"], seed, r["batch_size"], r["seq_len"]), [
             *((i, q, v) for q, key in (("warmup_step_seconds",) * 2, ("step_seconds",) * 2, ("loss", "losses"))
               for i, v in enumerate(r[key])),
-            *((None, k if k.startswith("peak") else f"after_build_{k}", v)
-              for k, v in {**r["memory_after_build"], **r["memory_peak"]}.items()),
+            *((None, k, v) for k, v in r["memory_peak"].items()),
             *((None, k, r[k]) for k in ("skipped_steps", "flops_per_token", "params", "params_nonembedding"))])
         for p in r["sweep"]:
             add(("sweep", r["arm"], r["precision"], seed, p["batch_size"], r["seq_len"]), [
@@ -348,15 +347,10 @@ def _precision_section(results: dict, arms: dict[str, dict], metric: str) -> lis
             [g["runner"], g["fp32"], g["arm"], sps(g["fp32"]), sps(g["arm"]), f"{g['ratio']:.2f}x",
              _join(g["metric_difference_per_seed"], "+.2f"), f"{g['metric_difference']:+.2f}"]
             for g in gains if g["precision"] == prec], align="lllrrrlr")]
-        for v in (v for v in acc["by_precision"] if v["precision"] == prec):
-            out += table(["precision", "Trainer arm", "ampft arm", "Trainer samples/s", "ampft samples/s",
-                          "ampft / Trainer", f"Trainer {metric}", f"ampft {metric}", f"{metric} Δ"], [
-                [r["precision"], r["trainer"], r["ampft"], sps(r["trainer"]), sps(r["ampft"]), f"{r['ratio']:.2f}x",
-                 f"{r['trainer_metric']:.2f}", f"{r['ampft_metric']:.2f}", f"{r['metric_difference']:+.2f}"]
-                for r in v["rows"]], align="lllrrrrrr")
-            out += [f"- ampft's {prec}/fp32 gain {v['ampft_gain']:.2f}x against the Trainer's "
-                    f"{v['trainer_gain']:.2f}x ({v['rows'][1]['ampft']} over {v['rows'][0]['ampft']}, "
-                    f"{v['rows'][1]['trainer']} over {v['rows'][0]['trainer']}): {v['gain_ratio']:.2f}x, "
+        for v in (v for v in acc["by_precision"] if v["precision"] == prec):  # ampft x Trainer: the accuracy table
+            out += [f"- ampft's {prec}/fp32 gain {v['ampft_gain']:.2f}x against the Trainer's {v['trainer_gain']:.2f}x "
+                    f"({v['ampft']} over {v['ampft_fp32']}, {v['trainer']} over {v['trainer_fp32']}): "
+                    f"{v['gain_ratio']:.2f}x, "
                     f"**{'at least the Trainer' if v['gain_at_least_trainer'] else 'less than the Trainer'}'s**.", ""]
         if env["device_type"] == "cpu" and prec in ("fp16", "bf16"):
             have = cpu_half_support(set(env.get("cpu_features") or []))[prec]

@@ -105,7 +105,7 @@ def summarize_accuracy(b: DictConfig | dict, runs: list[dict], env: dict, cfgs: 
             arm=arm.name, runner=Runner(arm.runner).value, overrides=list(arm.overrides), precision=precision,
             main_metric=first["main_metric"], runs=len(rs), diverged=sum(r["diverged"] for r in rs),
             metric=_if_any(stats.describe, list(values.values())), metric_per_seed=per_seed("metric"),
-            diff=stats.difference_ci(values, base) if values and base and arm.name != baseline else None,
+            diff=stats.difference_ci(values, base) if arm.name != baseline else None,
             train_seconds=_if_any(stats.describe, times),
             time_vs_baseline=stats.ratio(mean(times), mean(base_time)) if times and base_time else None,
             samples_per_second=_if_any(median, given("train_samples_per_second")),
@@ -168,27 +168,21 @@ def precision_pairs(b: DictConfig, cfgs: dict, names: list[str]) -> list[tuple[s
 
 def precision_gains(arms: dict[str, dict], pairs: list[tuple[str, str]]) -> tuple[list[dict], list[dict]]:
     """Each (fp32, arm) pair's samples/s ratio and mean per-seed metric difference (points); and, for each
-    Trainer pair and ampft pair of one precision, ampft against the Trainer in both precisions and gain ratio."""
+    Trainer pair and ampft pair of one precision, the ratio of their gains."""
     def diffs(x: str, y: str) -> list[float]:
         return [p - q for p, q in _paired(arms[x], arms[y])]
 
     def speed(x: str, y: str) -> float:
         return arms[x]["samples_per_second"] / arms[y]["samples_per_second"]
 
-    def row(trainer: str, ampft: str) -> dict:
-        return dict(precision=arms[ampft]["precision"], trainer=trainer, ampft=ampft,
-                    ratio=speed(ampft, trainer), trainer_metric=_points(arms[trainer]["metric"]["mean"]),
-                    ampft_metric=_points(arms[ampft]["metric"]["mean"]),
-                    metric_difference=mean(diffs(ampft, trainer)))
-
     gains = [dict(runner=arms[arm]["runner"], fp32=base, arm=arm, precision=arms[arm]["precision"],
                   ratio=speed(arm, base), metric_difference=mean(d), metric_difference_per_seed=d)
              for base, arm in pairs
              if (d := diffs(arm, base))
              and arms[arm]["samples_per_second"] and arms[base]["samples_per_second"]]
-    versus = [dict(precision=t["precision"], trainer_gain=t["ratio"], ampft_gain=a["ratio"],
-                   gain_ratio=a["ratio"] / t["ratio"], gain_at_least_trainer=a["ratio"] >= t["ratio"],
-                   rows=[row(t[k], a[k]) for k in ("fp32", "arm")])
+    versus = [dict(precision=t["precision"], trainer=t["arm"], trainer_fp32=t["fp32"], ampft=a["arm"],
+                   ampft_fp32=a["fp32"], trainer_gain=t["ratio"], ampft_gain=a["ratio"], gain_ratio=a["ratio"] / t["ratio"],
+                   gain_at_least_trainer=a["ratio"] >= t["ratio"])
               for t in gains if t["runner"] == Runner.trainer.value
               for a in gains if a["runner"] == Runner.ampft.value and a["precision"] == t["precision"]]
     return gains, versus

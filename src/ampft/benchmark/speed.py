@@ -70,13 +70,6 @@ def reset_peak(device: torch.device) -> bool:
     return False
 
 
-def memory_now(device: torch.device) -> dict[str, int | None]:
-    if device.type == "cuda":
-        return dict(allocated_bytes=torch.cuda.memory_allocated(device),
-                    reserved_bytes=torch.cuda.memory_reserved(device))
-    return dict(rss_bytes=_vm("VmRSS"))
-
-
 def memory_peak(device: torch.device) -> dict[str, int | None]:
     if device.type == "cuda":
         _sync(device)
@@ -190,7 +183,6 @@ def measure_arm(cfg: DictConfig, run_dir: Path, warmup_steps: int, timed_steps: 
             regression=model.config.problem_type == "regression")
         training.model.train()
         free(device)
-        after_build = memory_now(device)
         head = dict(precision=ran_precision, precision_requested=requested, batch_size=bs, seq_len=seq_len,
                     pilot_step_seconds=None)
         left = math.inf if seconds is None else seconds
@@ -224,7 +216,7 @@ def measure_arm(cfg: DictConfig, run_dir: Path, warmup_steps: int, timed_steps: 
             pretrained=bool(cfg.model.pretrained), device=str(device), build_seconds=built,
             warmup_step_seconds=times[:warmup_steps], step_seconds=times[warmup_steps:],
             losses=torch.stack(losses).float().tolist(), skipped_steps=skipped,
-            loss_scale=acc.scaler.get_scale() if acc.scaler is not None else None, memory_after_build=after_build,
+            loss_scale=acc.scaler.get_scale() if acc.scaler is not None else None,
             memory_peak=peak, peak_window="timed+warmup steps" if peak_reset else "process lifetime (reset not supported)",
             **model_flops_per_token(model, seq_len))
         log.info("  %s: median step %.3f s, %s", requested, statistics.median_high(result["step_seconds"]),
