@@ -78,7 +78,9 @@ class _Run:
         """E.g. "fp16: 21x slower than fp32 on this CPU (AMD EPYC) (no AVX512-FP16/AMX-FP16)": a half precision's
         CPU flags say why it may be slow."""
         env, base, r = self.env, self.b.baseline, self.ratio(arm)
-        if r is None:
+        if arm == base:
+            how = "the baseline"
+        elif r is None:
             how = f"speed relative to {base} unknown"
         elif r >= 1.05:
             how = f"{r:.{0 if r >= 10 else 1}f}x slower than {base}"
@@ -140,12 +142,14 @@ def _speed_mode(run: _Run, arms: list[DictConfig], out_dir: Path) -> dict:
         if r["pilot_step_seconds"] is not None:
             run.pilots[arm.name] = r["pilot_step_seconds"]
         run.steps[arm.name] = r["projected_step_seconds"] if r.get("skipped") else statistics.median(r["step_seconds"])
-        why = (f"{run.slower(arm.name)}: ~{fmt_seconds(run.steps[arm.name])} a step, with {fmt_seconds(share)} of "
-               "speed mode's budget for this arm")
+        budget_left = f"{fmt_seconds(share)} of speed mode's budget for this arm"
         if r.get("skipped"):
             run.budget.cut(arm.name, "speed", "skipped", f"pilot steps only ({r['pilot_step_seconds']:.2f} s a step "
-                           f"at batch {max(1, b.batch_size // 4)})", why + ": not even its warm-up and two timed steps")
+                           f"at batch {max(1, b.batch_size // 4)})", f"{run.slower(arm.name)} in its pilot steps: "
+                           f"{run.steps[arm.name]:.2f} s a full step, so not even its warm-up and two timed steps fit "
+                           f"in the {budget_left}")
             continue
+        why = f"{run.slower(arm.name)}: {run.steps[arm.name]:.2f} s a step, with {budget_left}"
         if (n := len(r["step_seconds"])) < b.speed.timed_steps:
             run.budget.cut(arm.name, "speed", "shortened", f"{n} of {b.speed.timed_steps} timed steps", why)
         if sweeps and not r["sweep"]:

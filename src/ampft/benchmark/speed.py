@@ -50,14 +50,6 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _vm(field: str) -> int | None:
-    """A /proc/self/status field in bytes; None where it cannot be read."""
-    with contextlib.suppress(OSError):
-        m = re.search(rf"^{field}:\s+(\d+)", Path("/proc/self/status").read_text(), re.MULTILINE)
-        return int(m.group(1)) * 1024 if m else None
-    return None
-
-
 def reset_peak(device: torch.device) -> bool:
     """Start a new peak-memory window; False where the CPU peak cannot be reset (it is then the process's)."""
     if device.type == "cuda":
@@ -75,8 +67,10 @@ def memory_peak(device: torch.device) -> dict[str, int | None]:
         _sync(device)
         return dict(peak_allocated_bytes=torch.cuda.max_memory_allocated(device),
                     peak_reserved_bytes=torch.cuda.max_memory_reserved(device))
-    hwm = _vm("VmHWM")  # not Linux: the process's peak
-    return dict(peak_rss_bytes=hwm if hwm is not None else peak_memory_bytes(device)[0])
+    with contextlib.suppress(OSError):
+        status = Path("/proc/self/status").read_text()
+        return dict(peak_rss_bytes=int(re.search(r"^VmHWM:\s+(\d+)", status, re.MULTILINE)[1]) * 1024)
+    return dict(peak_rss_bytes=peak_memory_bytes(device)[0])  # not Linux: the process's peak
 
 
 def free(device: torch.device) -> None:
@@ -190,6 +184,8 @@ def measure_arm(cfg: DictConfig, run_dir: Path, warmup_steps: int, timed_steps: 
             pilot_bs = max(1, bs // 4)
             pilot = head["pilot_step_seconds"] = _run_steps(training, make_batches(2, pilot_bs))[0][1]
             head["projected_step_seconds"] = pilot * bs / pilot_bs
+            log.info("  %s: pilot step (batch %d) %.2f s, a full step projected at %.2f s", requested, pilot_bs, pilot,
+                     head["projected_step_seconds"])
             left -= 2 * pilot
             if skippable and (warmup_steps + 2) * head["projected_step_seconds"] > left:
                 return dict(head, skipped=True)
