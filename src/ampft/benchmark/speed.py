@@ -179,7 +179,7 @@ def measure_arm(cfg: DictConfig, run_dir: Path, warmup_steps: int, timed_steps: 
         free(device)
         head = dict(precision=ran_precision, precision_requested=requested, batch_size=bs, seq_len=seq_len,
                     pilot_step_seconds=None)
-        left = math.inf if seconds is None else seconds
+        left = math.inf if seconds is None else seconds - built  # the build counts against the arm's share
         if seconds is not None:
             pilot_bs = max(1, bs // 4)
             pilot = head["pilot_step_seconds"] = _run_steps(training, make_batches(2, pilot_bs))[0][1]
