@@ -9,78 +9,84 @@ import time
 
 import pytest
 
-from ampft.benchmark import budget, report, results, run_benchmark, speed
+from ampft.benchmark import report, results, run_benchmark, runner, speed
+from ampft.benchmark.config import check
+from ampft.benchmark.report import fmt_seconds
 from tests.benchmark.test_report import build_results
 
 FP32, BF16, FP16 = "fp32", "bf16", "fp16"
 
 
-def test_fmt_and_ratio_words():
-    assert budget.fmt_seconds(45.4) == "45 s" and budget.fmt_seconds(185) == "3 min 05 s"
-    assert budget.fmt_seconds(None) == "unknown"
-    assert budget.slower(21.3, FP32) == "21x slower than fp32" and budget.slower(6.04, FP32) == "6.0x slower than fp32"
-    assert budget.slower(0.62, FP32) == "1.6x faster than fp32" and budget.slower(1.0, FP32) == "about as fast as fp32"
+def test_fmt_seconds():
+    assert fmt_seconds(45.4) == "45 s" and fmt_seconds(185) == "3 min 05 s" and fmt_seconds(None) == "unknown"
 
 
-def test_speed_arm_loses_its_sweep_then_timed_steps():
-    # 1 s a step, 6 more steps, a 3 s sweep: all of it fits in 10 s, with 2 s kept for later arms
-    assert budget.fit_after_probe(left=11, step=1.0, more_steps=6, sweep=3, reserve=2) == (6, True)
-    assert budget.fit_after_probe(left=10, step=1.0, more_steps=6, sweep=3, reserve=2) == (6, False)  # no sweep
-    assert budget.fit_after_probe(left=6.5, step=1.0, more_steps=6, sweep=3, reserve=2) == (4, False)
-    assert budget.fit_after_probe(left=1, step=1.0, more_steps=6, sweep=3, reserve=2) == (0, False)  # probe only
-    assert budget.sweep_cost(2.0, 16, [4, 8, 16, 32], 1) == pytest.approx(2.0 * 60 / 16)
-    assert budget.fit_after_pilot(left=100, step=20, first_steps=4, reserve=10)
-    assert not budget.fit_after_pilot(left=100, step=30, first_steps=4, reserve=10)
+@pytest.fixture
+def cpu_smoke_run(compose_benchmark, monkeypatch):
+    """cpu-smoke's run state on an AVX2-only CPU, its budget on a clock the test sets (`now`)."""
+    now = [0.0]
+    monkeypatch.setattr(runner, "CLOCK", lambda: now[0])
+    b = compose_benchmark().benchmark  # budget 5 min; speed batch 16 x 128; accuracy 1024 samples, batch 32
+    env = dict(device_type="cpu", device_name="AMD EPYC", cpu_features=["avx2"])
+    return runner._Run(b, check(b), env, runner.Budget(b.budget_minutes)), now
 
 
-def test_accuracy_runs_go_seed_by_seed_baseline_first():
-    assert budget.seed_major([BF16, FP32, FP16], [1, 2], FP32) == [
-        (FP32, 1), (BF16, 1), (FP16, 1), (FP32, 2), (BF16, 2), (FP16, 2)]
+def test_ratio_words_name_the_cpu_and_its_missing_flags(cpu_smoke_run):
+    run, _ = cpu_smoke_run
+    run.steps.update(fp32=1.0, bf16=0.62, fp16=21.3)
+    assert run.slower("fp16") == "fp16: 21x slower than fp32 on this CPU (AMD EPYC) (no AVX512-FP16/AMX-FP16)"
+    assert run.slower("bf16").startswith("bf16: 1.6x faster than fp32 on this CPU")
+    run.steps["bf16"] = 6.04
+    assert run.slower("bf16").startswith("bf16: 6.0x slower than fp32")
+    run.steps["bf16"] = 1.02
+    assert run.slower("bf16").startswith("bf16: about as fast as fp32") and run.slower("fp32") == (
+        "fp32: the baseline on this CPU (AMD EPYC)")
 
 
-def test_accuracy_policy_skips_the_slowest_arm_first():
-    # after fp32 seed 1 (20 s): bf16 at 0.6x, fp16 at 21x fp32's step time
-    per_run = {FP32: 20.0, BF16: 12.0, FP16: 420.0}
-    pending = budget.seed_major([FP32, BF16, FP16], [1, 2, 3], FP32)[1:]
-    keep, drops = budget.plan_accuracy(200, pending, per_run, FP32, seeds_done={1})
-    assert drops == [("arm", FP16)]
-    assert keep == [(BF16, 1), (FP32, 2), (BF16, 2), (FP32, 3), (BF16, 3)]
-    # everything fits: nothing dropped
-    assert budget.plan_accuracy(10_000, pending, per_run, FP32, {1}) == (pending, [])
+def test_accuracy_runs_are_cut_slowest_arm_first_baseline_last(cpu_smoke_run):
+    run, now = cpu_smoke_run
+    run.steps.update(fp32=1.0, bf16=0.6, fp16=21.0)
+    pending = [(a, s) for s in (2, 3) for a in (FP32, BF16, FP16)]
+    done = [dict(arm=a, seed=1) for a in (FP32, BF16)]
+    seconds = {FP32: [20.0], BF16: [12.0]}  # fp16: not run yet, projected at 21 x fp32's 20 s
+    now[0] = 300 - 100  # 100 s left: fp16's runs (840 s) go; fp32 and bf16 seeds 2 and 3 (64 s) fit
+    assert runner._fit_accuracy(run, [(FP16, 1), *pending], seconds, done) == [
+        (FP32, 2), (BF16, 2), (FP32, 3), (BF16, 3)]
+    [cut] = run.budget.cuts
+    assert (cut["arm"], cut["mode"], cut["action"], cut["detail"]) == (FP16, "accuracy", "skipped", "no accuracy runs")
+    assert cut["reason"] == ("fp16: 21x slower than fp32 on this CPU (AMD EPYC) (no AVX512-FP16/AMX-FP16): its 3 "
+                             "remaining accuracy runs would take ~21 min 00 s, with 1 min 40 s of the budget left "
+                             "for 7 runs") and cut["at_seconds"] == 200
+    now[0] = 300 - 30  # 30 s left: bf16 loses seeds 3 and 2 (the slowest arm first, the baseline last), fp32 seed 3
+    assert runner._fit_accuracy(run, pending[:2] + pending[3:5], seconds, done) == [(FP32, 2)]
+    assert [(c["arm"], c["action"], c["detail"]) for c in run.budget.cuts[1:]] == [
+        (FP32, "shortened", "seeds [1, 2] of [1, 2, 3]"), (BF16, "shortened", "seeds [1] of [1, 2, 3]")]
+    now[0] = 300 - 10  # even fp32's seed 2 does not fit: it goes too
+    assert runner._fit_accuracy(run, [(FP32, 2)], seconds, done) == []
+    assert run.budget.cuts[-1]["arm"] == FP32 and run.budget.cuts[-1]["detail"] == "seeds [1] of [1, 2, 3]"
 
 
-def test_accuracy_policy_then_drops_seeds_then_the_last_arm():
-    per_run = {FP32: 20.0, BF16: 30.0, FP16: 40.0}
-    pending = budget.seed_major([FP32, BF16, FP16], [1, 2, 3, 4], FP32)[1:]
-    # 105 s: fp16 goes, then seeds 4 and 3 (pairs kept), leaving bf16 1, fp32 2, bf16 2 = 80 s
-    keep, drops = budget.plan_accuracy(105, pending, per_run, FP32, {1})
-    assert drops == [("arm", FP16), ("seed", 4), ("seed", 3)]
-    assert keep == [(BF16, 1), (FP32, 2), (BF16, 2)]
-    # 25 s: not even two seeds of bf16 fit; bf16 goes, and the baseline's runs with it (nothing to compare)
-    keep, drops = budget.plan_accuracy(25, pending, per_run, FP32, {1})
-    assert drops == [("arm", FP16), ("seed", 4), ("seed", 3), ("arm", BF16), ("arm", FP32)] and keep == []
-    # a single arm: seeds down to one, then what is left runs over the budget
-    keep, drops = budget.plan_accuracy(5, [(FP32, 1), (FP32, 2), (FP32, 3)], {FP32: 20.0}, FP32, set())
-    assert drops == [("seed", 3), ("seed", 2)] and keep == [(FP32, 1)]
-
-
-def test_first_accuracy_run_is_bounded_from_the_speed_step(compose_benchmark):
-    from ampft.benchmark.config import check
-    from ampft.benchmark.runner import _first_run_bound, _Run
-
-    b = compose_benchmark().benchmark  # cpu-smoke: speed batch 16 x 128; accuracy 1024 samples, batch 32
-    cfgs = check(b)
-    run = _Run(b, cfgs, dict(device_type="cpu", device_name="AMD EPYC"), budget.Budget(b.budget_minutes))
-    cfg = cfgs[("accuracy", "fp32", 1)]
-    assert _first_run_bound(run, cfg) is None  # no speed-mode step time yet
+def test_first_accuracy_run_is_bounded_from_the_speed_step(cpu_smoke_run):
+    run, now = cpu_smoke_run
+    cfg = run.cfgs[("accuracy", "fp32", 1)]
+    assert runner._first_run_bound(run, cfg) is None  # no speed-mode step time yet
     run.steps["fp32"] = 0.78
-    seconds, what = _first_run_bound(run, cfg)
+    seconds, what = runner._first_run_bound(run, cfg)
     assert what == "32 steps of 32 x up to 128 tokens" and seconds == pytest.approx(32 * 0.78 * 2)
+    pending = [(a, 1) for a in (FP32, BF16, FP16)]
+    now[0] = 300 - 60  # 60 s left: the first run (up to ~50 s) runs, and nothing else is projected before it
+    assert runner._fit_accuracy(run, pending, {}, []) == pending and run.budget.cuts == []
+    now[0] = 300 - 40
+    assert runner._fit_accuracy(run, pending, {}, []) == []
+    [cut] = run.budget.cuts
+    assert cut["arm"] == "fp32, bf16, fp16" and cut["detail"] == "no accuracy runs"
+    assert "the first accuracy run (fp32, 32 steps of 32 x up to 128 tokens) could take up to ~50 s" in cut["reason"]
 
 
-def test_budget_records_cuts_against_its_clock():
+def test_budget_records_cuts_against_its_clock(monkeypatch):
     now = [100.0]
-    b = budget.Budget(2, clock=lambda: now[0])
+    monkeypatch.setattr(runner, "CLOCK", lambda: now[0])
+    b = runner.Budget(2)
     now[0] += 50
     assert b.elapsed() == 50 and b.left() == 70 and b.left(0.25) == pytest.approx(-20)
     b.cut(FP16, "accuracy", "skipped", "no accuracy runs", "fp16: 21x slower than fp32")
@@ -89,7 +95,7 @@ def test_budget_records_cuts_against_its_clock():
     assert s["minutes"] == 2 and s["seconds_used"] == 130 and s["within"] is False
     assert s["cuts"] == [dict(arm=FP16, mode="accuracy", action="skipped", detail="no accuracy runs",
                               reason="fp16: 21x slower than fp32", at_seconds=50.0)]
-    assert budget.Budget(None).left() == float("inf") and budget.Budget(None).summary()["within"] is None
+    assert runner.Budget(None).left() == float("inf") and runner.Budget(None).summary()["within"] is None
 
 
 # --- a real benchmark with a fake slow arm ----------------------------------------------------------
@@ -142,7 +148,7 @@ def slow_fp16(tmp_path_factory):
 
     mp.setattr(speed, "_run_steps", fake_steps)
     start = time.monotonic()
-    mp.setattr(budget, "CLOCK", lambda: start + (time.monotonic() - start) / 10 + extra[0])
+    mp.setattr(runner, "CLOCK", lambda: start + (time.monotonic() - start) / 10 + extra[0])
     try:
         b = compose_config("benchmark_recipe", SLOW).benchmark
         out = tmp_path_factory.mktemp("slow")
@@ -159,7 +165,7 @@ def test_slow_arm_is_measured_then_cut_and_the_budget_kept(slow_fp16):
     assert bud["minutes"] == 10 and bud["within"] is True and bud["seconds_used"] <= 600
     cuts = {(c["arm"], c["mode"]): c for c in bud["cuts"]}
     assert set(cuts) == {(FP16, "sweep"), (FP16, "speed"), (FP16, "accuracy")}  # fp32 and bf16 untouched
-    # speed: the probe ran (warm-up + 2 timed steps), the sweep went first, then timed steps
+    # speed: the probe ran (warm-up + 2 timed steps), then the timed steps that fitted; no room for the sweep
     raw = {a["arm"]: a for a in r["speed"]["raw"]}
     assert raw[FP16]["step_seconds"][:2] == [FP16_STEP, FP16_STEP] and raw[FP16]["sweep"] == []
     n = len(raw[FP16]["step_seconds"])
@@ -171,8 +177,8 @@ def test_slow_arm_is_measured_then_cut_and_the_budget_kept(slow_fp16):
     acc = cuts[(FP16, "accuracy")]
     assert acc["action"] == "skipped" and acc["detail"] == "no accuracy runs"
     ratio = bud["step_time_vs_baseline"][FP16]
-    assert ratio > 1 and f"{budget.slower(ratio, FP32)} on this CPU" in acc["reason"]
-    assert "speed measured, its 2 remaining accuracy runs would take" in acc["reason"]
+    assert ratio > 100 and f"fp16: {ratio:.0f}x slower than fp32 on this CPU" in acc["reason"]
+    assert "its 2 remaining accuracy runs would take" in acc["reason"]
     assert [(x["arm"], x["seed"]) for x in r["accuracy"]["runs"]] == [(FP32, 1), (FP32, 2), (BF16, 1), (BF16, 2)]
     assert [a["arm"] for a in r["accuracy"]["arms"]] == [FP32, BF16]
     assert set(bud["pilot_step_seconds"]) == {FP32, BF16, FP16} and bud["pilot_step_seconds"][FP16] == FP16_STEP / 4
@@ -196,14 +202,14 @@ def test_report_of_an_arm_cut_entirely_and_a_budget_overrun():
     res["speed"]["arms"] = [x for x in res["speed"]["arms"] if x["arm"] != "fp16"]
     res["accuracy"]["runs"] = [x for x in res["accuracy"]["runs"] if x["arm"] != "fp16"]
     res["accuracy"] = results.summarize_accuracy(res["benchmark"], res["accuracy"]["runs"], res["environment"])
-    res["budget"] = dict(minutes=5, seconds_used=412.0, within=False, speed_share=budget.SPEED_SHARE,
+    res["budget"] = dict(minutes=5, seconds_used=412.0, within=False,
                          pilot_step_seconds={"fp32": 0.1, "fp16": 2.1}, step_time_vs_baseline={"fp16": 21.0},
                          cuts=[dict(arm="fp16", mode="speed", action="skipped", detail="pilot steps at batch 4 "
                                     "only (2.10 s a step)", reason="fp16: 21x slower than fp32 on this CPU (AMD EPYC) "
                                     "(no AVX512-FP16/AMX-FP16) in its pilot steps", at_seconds=30.0)])
     md = report.render(res)
     assert "**Time budget:** 5 min 00 s; took 6 min 52 s, **over it**." in md
-    assert "| `fp16` | — | skipped by the time budget (see above) |" in md
+    assert "Not measured (cut by the time budget): `fp16`." in md
     assert "| `fp16` | speed | skipped | pilot steps at batch 4 only (2.10 s a step) | fp16: 21x slower" in md
     del res["budget"]  # a results.json from before the budget still renders
     assert "Time budget" not in report.render(res)

@@ -140,7 +140,8 @@ def test_report_states_missed_targets_and_accuracy_gaps(tmp_path):
     assert "ampft-random accuracy within 1 point(s) of trainer: -2.00, **NO**" in md
     assert "**Warning:**" in md and "`ampft-random` seed 42 (40% of the machine)" in md
     assert "- trainer.length_chunks=1: 0.50x the samples/s" in md
-    assert "| `ampft` | ampft | (defaults) | 40.0 | 400 | 2.5 | 7.5 | 1,024 MiB | 4.00 |" in md
+    assert ("| `ampft` | ampft | fp32 | 1 (0 diverged) | 0.8530 (n=1) | +0.0030 (no CI, n=1) | — | 40.0 | 400 | 2.5 | "
+            "25% | 7.5 | 1,024 MiB | 4.00 | 0% |") in md
     assert "## Claims" not in md  # the published claims are about ampft's precisions, not a comparison
     (tmp_path / "report.md").unlink()
     assert rerender(tmp_path).read_text() == md
@@ -212,21 +213,22 @@ def test_bf16_arms_give_each_sides_gain_and_ampft_over_trainer_per_precision(tmp
     assert gains["ampft-bf16"]["metric_difference_per_seed"] == pytest.approx([0.0, -2.0])  # paired by seed
     assert gains["ampft-bf16"]["metric_difference"] == pytest.approx(-1.0)
     [v] = res["accuracy"]["by_precision"]
-    assert [(r["precision"], r["trainer"], r["ampft"]) for r in v["rows"]] == [
-        ("fp32", "trainer", "ampft"), ("bf16", "trainer-bf16", "ampft-bf16")]
-    assert v["rows"][0]["ratio"] == pytest.approx(100 / 38) and v["rows"][1]["ratio"] == pytest.approx(125 / 63)
-    assert v["rows"][1]["metric_difference"] == pytest.approx(-1.5)  # (75-76 + 74-76) / 2
+    assert (v["trainer_fp32"], v["trainer"], v["ampft_fp32"], v["ampft"]) == ("trainer", "trainer-bf16", "ampft",
+                                                                             "ampft-bf16")
+    checks = {(c["arm"], c["reference"]): c for c in res["accuracy"]["checks"]}
+    assert checks[("ampft-bf16", "trainer-bf16")]["difference"] == pytest.approx(-1.5)  # (75-76 + 74-76) / 2
     assert v["gain_ratio"] == pytest.approx(1.25 / (63 / 38)) and v["gain_at_least_trainer"] is False
     md = write_outputs(res, tmp_path).read_text()
     assert "### bf16 against fp32" in md
     assert "| ampft | ampft | ampft-bf16 | 100.0 | 125.0 | 1.25x | +0.00, -2.00 | -1.00 |" in md
     assert "| trainer | trainer | trainer-bf16 | 38.0 | 63.0 | 1.66x | -1.00, +0.00 | -0.50 |" in md
-    assert "| bf16 | trainer-bf16 | ampft-bf16 | 63.0 | 125.0 | 1.98x | 76.00 | 74.50 | -1.50 |" in md
-    assert "| fp32 | trainer | ampft | 38.0 | 100.0 | 2.63x | 76.50 | 75.50 | -1.00 |" in md
-    assert "ampft's bf16/fp32 gain 1.25x against the Trainer's 1.66x" in md and "**less than the Trainer's**" in md
+    assert "ampft-bf16 accuracy within 1 point(s) of trainer-bf16: -1.50, **NO**." in md
+    assert ("ampft's bf16/fp32 gain 1.25x against the Trainer's 1.66x (ampft-bf16 over ampft, trainer-bf16 over "
+            "trainer): 0.75x, **less than the Trainer's**.") in md
     assert "This CPU has no native bf16 arithmetic (no AVX512-BF16 or AMX-BF16)" in md
     # the accuracy runs' speeds: x trainer only for fp32 arms, x trainer-bf16 only for bf16 arms
-    assert "| `ampft-bf16` | ampft | precision=bf16 | 125.0 | 1250 | 0.8 | 5.8 | 1,024 MiB | — | 1.98 |" in md
+    assert "| `ampft-bf16` | ampft | bf16 | 2 (0 diverged) | 0.7450 ± 0.0071 (n=2) | -0.0200 [-0.0200, -0.0200] | —, — " \
+           "| 125.0 | 1,250 | 0.8 | 30% | 5.8 | 1,024 MiB | — | 1.98 | 0% |" in md
     # fast-path ablations stay within the base arm's precision
     assert "- model.attn_implementation=eager: 0.90x" in md and "- precision=bf16" not in md
     assert "| device | AMD EPYC 9B14, 2 cores, CPU only (no GPU) |" in md and "| CPU features | avx2, avx512f |" in md

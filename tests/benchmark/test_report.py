@@ -26,7 +26,6 @@ def _speed_raw(arm, precision, step, mem, attn="sdpa", sweep=(), cuda=True):
                 model="bert-large", pretrained=False, batch_size=32, seq_len=384, device="cuda:0",
                 warmup_step_seconds=[step * 3], step_seconds=[step * 0.98, step, step * 1.02, step * 1.5],
                 losses=[0.7, 0.69, 0.69, 0.68], skipped_steps=2 if precision == "fp16" else 0, loss_scale=None,
-                memory_after_build={"allocated_bytes": 10, "reserved_bytes": 20} if cuda else {"rss_bytes": 10},
                 memory_peak={"peak_allocated_bytes": mem, "peak_reserved_bytes": mem + 2**30} if cuda
                 else {"peak_rss_bytes": mem},
                 peak_window="timed+warmup steps", params=335_000_000, params_nonembedding=303_000_000,
@@ -143,10 +142,15 @@ def test_report_renders_the_tables_and_says_what_did_not_reproduce():
     md = report.render(res, ["throughput.png"])
     assert "NVIDIA A100-SXM4-80GB" in md and "driver | 550.54" in md and "torch | 2.13.0" in md
     assert "| host CPU | Xeon (32 cores) |" in md and "| CPU features | — |" in md  # the host's, on a GPU too
-    assert "| arm | precision | time (% of fp32) | memory (% of fp32) |" in md
-    assert "| `fp16` | fp16 | 28% | 55% |" in md
+    assert ("| arm | precision | attention | batch×seq | step ms median [IQR] | time (% of fp32) | samples/s | tokens/s "
+            "| TFLOP/s | MFU | peak allocated (reserved) | memory (% of fp32) |") in md
+    assert "| `fp16` | fp16 | sdpa | 32×384 | 282.8 [278.6–319.2] | 28% | 113.2 | 43,451 | 83.9 | 27% | " \
+           "11,264 MiB (12,288 MiB) | 55% | 2 |" in md
     assert "0.9100 ± 0.0100 (n=3)" in md
-    assert "**Did not reproduce here:**" in md and "Tensor Cores (TF32/FP16/BF16) give 1.5-3x" in md
+    assert ("| Tensor Cores (TF32/FP16/BF16) give 1.5-3x FP32's throughput | **did not reproduce** | bf16: 1.11x fp32 "
+            "on this GPU (NVIDIA A100-SXM4-80GB) |  |") in md
+    verdicts = [line.split(" | ")[1] for line in md.split("## Claims")[1].splitlines() if line.startswith("| ")][2:]
+    assert verdicts == sorted(verdicts, key=["**did not reproduce**", "**not checked**", "**reproduced**"].index)
     assert "| `fp32` | 20,480 MiB | OOM | 32 |" in md  # the sweep: batch 64 did not fit
     assert "![" in md and "(throughput.png)" in md
     assert "**Warning:**" not in md

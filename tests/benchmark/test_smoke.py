@@ -48,7 +48,11 @@ def test_outputs_written(smoke):
                  "loss_curves.png", "loss_scale.png"):
         assert (out / name).is_file() and (out / name).stat().st_size > 0, name
     md = path.read_text()
-    assert "| `fp32` | fp32 | 100% | 100% |" in md and "## Claims" in md and "torch |" in md
+    assert "## Claims" in md and "torch |" in md
+    header, row = (line.split(" | ") for line in md.splitlines() if line.startswith(("| arm | precision | attention",
+                                                                                     "| `fp32` | fp32 | sdpa |")))
+    cells = dict(zip(header, row, strict=True))
+    assert cells["time (% of fp32)"] == cells["memory (% of fp32)"] == "100%" and cells["batch×seq"] == "8×32"
 
 
 def test_results_json_top_level_and_environment(smoke):
@@ -75,7 +79,6 @@ def test_speed_raw_fields(smoke):
         assert len(a["losses"]) == 4 and all(0.3 < x < 1.2 for x in a["losses"])  # ~ln 2 for random init
         assert a["skipped_steps"] == 0 and a["loss_scale"] is None
         assert 100 * 2**20 < a["memory_peak"]["peak_rss_bytes"] < 24 * 2**30
-        assert a["memory_after_build"]["rss_bytes"] <= a["memory_peak"]["peak_rss_bytes"]
         assert a["peak_window"] == "timed+warmup steps"
         assert 0.0 <= a["other_cpu_share"] <= 1.0  # other processes' share of the CPU while the arm ran
         assert a["params_nonembedding"] == 71_362 and a["flops_per_token"] == 6 * 71_362 + 12 * 2 * 32 * 64
@@ -120,7 +123,7 @@ def test_accuracy_runs_and_summary(smoke):
     assert arms["fp32"]["diff"] is None and arms["fp32"]["time_vs_baseline"] == 1.0
     bf16 = arms["bf16"]
     assert bf16["runs"] == 2 and bf16["diverged"] == 0 and bf16["metric"]["n"] == 2
-    assert bf16["diff"]["method"] == "paired" and bf16["diff"]["n"] == 2
+    assert bf16["diff"]["n"] == 2
     assert bf16["diff"]["ci_low"] <= bf16["diff"]["mean"] <= bf16["diff"]["ci_high"]
 
 

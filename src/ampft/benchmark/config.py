@@ -13,9 +13,12 @@ from pathlib import Path
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from ampft.benchmark.stats import t_ppf
 from ampft.config import CONF_DIR, ConfigError
 from ampft.errors import BenchmarkConfigError
+from ampft.extras import MissingExtraError
 from ampft.models import ModelLoadError, check_loadable
+from ampft.tasks import check_installed
 from ampft.validation import validate
 
 
@@ -104,7 +107,7 @@ class BenchmarkConfig:
     seed: int = 42  # trainer.seed in speed mode, and the seed of the synthetic batches
     baseline: str = "fp32"  # the arm the others are compared with
     # wall-clock minutes the whole benchmark may take: arms projected to blow it are shortened or skipped
-    # (the policy: ampft.benchmark.budget, docs/benchmarks/README.md#the-time-budget); null: no budget
+    # (the policy: ampft.benchmark.runner, docs/benchmarks/README.md#the-time-budget); null: no budget
     budget_minutes: float | None = None
     overrides: list[str] = field(default_factory=lambda: ["logging=none", "trainer.progress_bar=false"])
     extra: list[str] = field(default_factory=list)  # more shared overrides, for the command line (after those)
@@ -239,6 +242,24 @@ def check(b: DictConfig, conf_dir: Path = CONF_DIR) -> dict[tuple[str, str, int 
             cfgs[(mode.value, arm.name, mode_seeds[0])] = cfg
             for seed in mode_seeds[1:]:  # the same config but for trainer.seed, so validated once
                 cfgs[(mode.value, arm.name, seed)] = compose_finetune(arm_overrides(b, arm, mode, seed), conf_dir)
+    if acc_cfg := next((cfg for (mode, *_), cfg in cfgs.items() if mode == Mode.accuracy.value), None):
+        problems += _extras(b, acc_cfg)
     if problems:
         raise BenchmarkConfigError(problems)
     return cfgs
+
+
+def _extras(b: DictConfig, cfg: DictConfig) -> list[str]:
+    """Accuracy mode's metrics and confidence intervals need the `metrics` extra: said before measuring. Speed
+    mode needs no extra; plots are skipped with a warning when matplotlib is missing."""
+    problems = []
+    try:
+        check_installed(cfg.task.metrics, key=f"benchmark.task={b.task}: task.metrics")
+    except ConfigError as exc:
+        problems += exc.problems
+    try:
+        if len(b.accuracy.seeds) > 1:
+            t_ppf(0.975, 1)
+    except MissingExtraError as exc:
+        problems.append(f"benchmark.accuracy.seeds={list(b.accuracy.seeds)}: {exc}")
+    return problems

@@ -9,7 +9,6 @@ import math
 from pathlib import Path
 
 from ampft.benchmark import plots
-from ampft.benchmark.budget import fmt_seconds
 from ampft.benchmark.config import Runner
 from ampft.benchmark.plots import PLOTS
 from ampft.benchmark.profile import SKIP, WARMUP
@@ -50,8 +49,7 @@ def csv_rows(results: dict) -> list[dict]:
         add(("speed", r["arm"], r["precision"], seed, r["batch_size"], r["seq_len"]), [
             *((i, q, v) for q, key in (("warmup_step_seconds",) * 2, ("step_seconds",) * 2, ("loss", "losses"))
               for i, v in enumerate(r[key])),
-            *((None, k if k.startswith("peak") else f"after_build_{k}", v)
-              for k, v in {**r["memory_after_build"], **r["memory_peak"]}.items()),
+            *((None, k, v) for k, v in r["memory_peak"].items()),
             *((None, k, r[k]) for k in ("skipped_steps", "flops_per_token", "params", "params_nonembedding"))])
         for p in r["sweep"]:
             add(("sweep", r["arm"], r["precision"], seed, p["batch_size"], r["seq_len"]), [
@@ -92,49 +90,53 @@ def table(header: list[str], rows: list[list[str]], align: str = "") -> list[str
     return ["| " + " | ".join(header) + " |", rule, *("| " + " | ".join(r) + " |" for r in rows), ""]
 
 
-def _acc_text(a: dict | None) -> str:
-    if a is None or (m := a["metric"]) is None:
-        return "—" if a is None else f"diverged ({a['diverged']}/{a['runs']})"
+def fmt_seconds(s: float | None) -> str:
+    """'45 s', '3 min 05 s', 'unknown'."""
+    if s is None or not math.isfinite(s):
+        return "unknown"
+    s = max(0, round(s))
+    return f"{s} s" if s < 60 else f"{s // 60} min {s % 60:02d} s"
+
+
+def _acc_text(a: dict) -> str:
+    if (m := a["metric"]) is None:
+        return f"diverged ({a['diverged']}/{a['runs']})"
     return f"{m['mean']:.4f}" + ("" if m["std"] is None else f" ± {m['std']:.4f}") + f" (n={m['n']})"
 
 
-def _diff_text(a: dict | None) -> str:
-    if (d := (a or {}).get("diff")) is None:
+def _diff_text(a: dict) -> str:
+    if (d := a["diff"]) is None:
         return "—"
     return f"{d['mean']:+.4f} " + (f"(no CI, n={d['n']})" if d["ci_low"] is None
                                    else f"[{d['ci_low']:+.4f}, {d['ci_high']:+.4f}]")
 
 
-def _budget_line(bud: dict) -> str:
-    """One sentence at the top: the budget, the time taken, and what was cut."""
-    took, cuts = fmt_seconds(bud.get("seconds_used")), bud.get("cuts")
-    head = (f"**Time budget:** none (`benchmark.budget_minutes: null`); took {took}." if bud.get("minutes") is None
-            else f"**Time budget:** {fmt_seconds(60 * bud['minutes'])}; took {took}, "
-                 f"{'within it' if bud['within'] else '**over it**'}.")
-    cut = "; ".join(f"`{c['arm']}` {c['mode']} {c['action']} ({c['detail']})" for c in cuts or [])
-    return head + (f" Cut to keep it: {cut} ([why](#time-budget))." if cuts else " Nothing was cut.")
-
-
-def _budget_section(bud: dict, base: str) -> list[str]:
-    out = ["## Time budget", "", "No budget (`benchmark.budget_minutes: null`): every arm ran in full."
-           if bud.get("minutes") is None else
-           f"`benchmark.budget_minutes: {bud['minutes']:g}`; the benchmark took {fmt_seconds(bud['seconds_used'])}. "
-           "Each speed arm is measured before anything is cut: two pilot steps at a quarter of the batch (the second "
-           "timed), then its warm-up and two timed steps; speed mode may use "
-           f"{100 * bud['speed_share']:.0f}% of the budget when accuracy mode follows. Arms that would blow the "
-           "budget lose their memory sweep, then timed steps, then accuracy runs (slowest arm first, then seeds); "
-           "the policy: `docs/benchmarks/README.md#the-time-budget` (`ampft.benchmark.budget`).", ""]
+def _budget(bud: dict, base: str) -> tuple[str, list[str]]:
+    """The sentence at the top (the budget, the time taken, what was cut) and the "Time budget" section."""
+    if bud.get("minutes") is None:
+        return "", []
+    took, cuts = fmt_seconds(bud["seconds_used"]), bud["cuts"]
+    line = (f"**Time budget:** {fmt_seconds(60 * bud['minutes'])}; took {took}, "
+            f"{'within it' if bud['within'] else '**over it**'}.")
+    line += (" Cut to keep it: " + "; ".join(f"`{c['arm']}` {c['mode']} {c['action']} ({c['detail']})" for c in cuts)
+             + " ([why](#time-budget))." if cuts else " Nothing was cut.")
+    out = ["## Time budget", "",
+           f"`benchmark.budget_minutes: {bud['minutes']:g}`; the benchmark took {took}. Speed mode may use half of "
+           "the budget when accuracy mode follows, shared equally by the speed arms not yet measured: two pilot "
+           "steps at a quarter of the batch project an arm's step, then it takes the timed steps and the memory "
+           "sweep that fit (the baseline at least its warm-up and two timed steps; another arm stops after its "
+           "pilot if even those do not fit). Before each accuracy run the rest is projected from the runs so far, "
+           "and the slowest arms' remaining runs are cut until it fits (`docs/benchmarks/README.md#the-time-budget`).",
+           ""]
     if ratios := bud.get("step_time_vs_baseline"):
-        out += [f"Step time relative to `{base}` (timed steps; where an arm went no further than its pilot, the "
-                "pilot steps', a rougher figure: at a quarter of the batch, per-step overheads weigh more): "
+        out += [f"Step time relative to `{base}` in speed mode (where an arm went no further than its pilot, the "
+                "pilot's projection, a rougher figure: at a quarter of the batch, per-step overheads weigh more): "
                 + ", ".join(f"`{k}` {v:.2f}x" for k, v in ratios.items()) + ".", ""]
-    if cuts := bud.get("cuts"):
+    if cuts:
         out += table(["arm", "mode", "cut", "what remains", "why", "at"], [
             [f"`{c['arm']}`", c["mode"], c["action"], c["detail"], c["reason"], fmt_seconds(c["at_seconds"])]
             for c in cuts])
-    elif bud.get("minutes") is not None:
-        out += ["Nothing was cut: every arm ran in full.", ""]
-    return out
+    return line, out
 
 
 def device_text(env: dict) -> str:
@@ -157,11 +159,10 @@ def hardware(env: dict) -> list[str]:
 
 
 def render(results: dict, plots: list[str] | None = None) -> str:
-    b, env, bud = results["benchmark"], results["environment"], results.get("budget") or {}
-    speed_raw = (results.get("speed") or {}).get("raw", [])
-    speed, acc_arms = (results.get("speed") or {}).get("arms", []), (results.get("accuracy") or {}).get("arms", [])
-    base, trainers = b["baseline"], [a["arm"] for a in acc_arms if a["runner"] == Runner.trainer.value]
-    metric = acc_arms[0]["main_metric"] if acc_arms else "accuracy"
+    b, env = results["benchmark"], results["environment"]
+    speed = (results.get("speed") or {}).get("arms", [])
+    acc_arms, runs = (results.get("accuracy") or {}).get("arms", []), (results.get("accuracy") or {}).get("runs", [])
+    trainers = [a["arm"] for a in acc_arms if a["runner"] == Runner.trainer.value]
     precisions = {a["precision"] for a in [*speed, *acc_arms]}
     what = ": ampft vs the Hugging Face Trainer" if trainers else ": precision A/B" if len(precisions) > 1 else ""
     out = [f"# Benchmark `{b['name']}`{what}", "",
@@ -175,37 +176,23 @@ def render(results: dict, plots: list[str] | None = None) -> str:
         out += [f"**Partial**: seeds {results['partial_seeds']} of the {b['accuracy']['seeds']} asked for were "
                 "measured when this report was written (it is rewritten after every seed; the benchmark stopped or "
                 "was still running).", ""]
+    speed_raw = (results.get("speed") or {}).get("raw", [])
     if busy := [f"`{a['arm']}`" + (f" seed {a['seed']}" if "seed" in a else "") + f" ({a['other_cpu_share']:.0%}"
-                " of the machine)" for a in [*speed_raw, *(results.get("accuracy") or {}).get("runs", [])]
-                if (a.get("other_cpu_share") or 0) > BUSY]:
+                " of the machine)" for a in [*speed_raw, *runs] if (a.get("other_cpu_share") or 0) > BUSY]:
         out += ["**Warning:** other processes used the CPU while these were measured, so their timings are "
                 "unreliable: " + ", ".join(busy) + ".", ""]
-    if bud.get("minutes") is not None or bud.get("cuts"):
-        out += [_budget_line(bud), ""]
-    out += hardware(env) + _setup(results, trainers) + (_budget_section(bud, base) if bud else [])
-    out += _results(results, speed, acc_arms, trainers, metric)
+    budget_line, budget_section = _budget(results.get("budget") or {}, b["baseline"])
+    out += [budget_line, ""] if budget_line else []
+    out += hardware(env) + _setup(results, trainers) + budget_section
+    if cut := [a["name"] for a in b["arms"] if not any(x["arm"] == a["name"] for x in [*speed, *acc_arms])]:
+        out += [f"Not measured (cut by the time budget): {', '.join(f'`{n}`' for n in cut)}.", ""]
     out += _speed(results, speed, speed_raw) if speed else []
-    if acc_arms:
-        out += ["## Accuracy", "", *table([
-            "arm", "precision", "runs", f"{metric} mean ± std", "min–max", f"Δ vs {base} [95% CI]", "train s (mean)",
-            f"time % of {base}", "skipped steps per seed", "final loss scale", "other processes' CPU (max)"], [
-            [f"`{a['arm']}`", a["precision"] or "—", f"{a['runs']} ({a['diverged']} diverged)", _acc_text(a),
-             f"{a['metric']['min']:.4f}–{a['metric']['max']:.4f}" if a["metric"] else "—", _diff_text(a),
-             _f(a["train_seconds"] and a["train_seconds"]["mean"]), _f(a["time_vs_baseline"], ".0%"),
-             _join(a["skipped_steps"]), _join(a["loss_scale_final"], "g"), _f(a.get("other_cpu_share"), ".0%")]
-            for a in acc_arms]),
-            "Δ: mean of the per-seed differences to the baseline with a t-based 95% confidence interval "
-            "(paired by seed).", ""]
-        out += _comparison(results, {a["arm"]: a for a in acc_arms}, trainers, metric)
+    out += _accuracy(results, {a["arm"]: a for a in acc_arms}, trainers) if acc_arms else []
     if claims := results.get("claims", []):
+        order = [NOT_REPRODUCED, NOT_CHECKED, REPRODUCED]
         out += ["## Claims", "", *table(["claim", "verdict", "measured", "note"], [
-            [c["claim"], f"**{c['verdict']}**", c["measured"] or "—", c["note"] or ""] for c in claims])]
-    for verdict, heading, why in ((NOT_REPRODUCED, "Did not reproduce here", True),  # why: with the note
-                                  (NOT_CHECKED, "Could not be checked here", True),
-                                  (REPRODUCED, "Reproduced here", False)):
-        if group := [c for c in claims if c["verdict"] == verdict]:
-            out += [f"**{heading}:**", "", *(f"- {c['claim']}" + (f" — measured {c['measured']}" if c["measured"] else "")
-                                             + (f" ({c['note']})" if why and c["note"] else "") + "." for c in group), ""]
+            [c["claim"], f"**{c['verdict']}**", c["measured"] or "—", c["note"] or ""]
+            for c in sorted(claims, key=lambda c: order.index(c["verdict"]))])]
     if plots:
         out += ["## Plots", "", *(x for p in plots for x in (f"![{PLOTS[p][2] if p in PLOTS else p}]({p})", ""))]
     out += ["Raw measurements: `results.csv` (one per row) and `results.json` (with the statistics above)."]
@@ -241,64 +228,40 @@ def _setup(results: dict, trainers: list[str]) -> list[str]:
     return out + [""]
 
 
-def _results(results: dict, speed: list[dict], acc_arms: list[dict], trainers: list[str], metric: str) -> list[str]:
-    """The summary table, one row per arm: its speed-mode figures, else its accuracy runs'."""
-    b, cuda = results["benchmark"], results["environment"]["device_type"] == "cuda"
-    base, sp, acc, rows = b["baseline"], {a["arm"]: a for a in speed}, {a["arm"]: a for a in acc_arms}, []
-    for name in (a["name"] for a in b["arms"]):
-        a, c = sp.get(name), acc.get(name)
-        if a is None and c is None:
-            if any(x["arm"] == name for x in (results.get("budget") or {}).get("cuts", [])):
-                rows.append([f"`{name}`", "—", "skipped by the time budget (see above)", *["—"] * 5])
-            continue
-        time_pct = a and a["time_vs_baseline"]
-        rows.append([f"`{name}`", *([c["runner"] if c else "ampft"] if trainers else []),
-                     (a or c)["precision"] or "—",
-                     _f(c["time_vs_baseline"] if time_pct is None and c else time_pct, ".0%"),
-                     _f(a["memory_vs_baseline"], ".0%") if a else "—",
-                     _f(a["samples_per_second"]["median"] if a else c["samples_per_second"]),
-                     _f(a["tokens_per_second"]["median"] if a else c["tokens_per_second"], ",.0f"),
-                     _acc_text(c), _diff_text(c)])
-    return ["## Results", "", *table(["arm", *(["runner"] if trainers else []), "precision", f"time (% of {base})",
-                                      f"memory (% of {base})", "samples/s", "tokens/s", f"{metric} (mean ± std)",
-                                      f"Δ {metric} vs {base} [95% CI]"], rows),
-            f"Time, memory and speeds are from speed mode (time per sample; memory: "
-            f"{'peak allocated on the GPU' if cuda else 'peak resident set size of the process'}); where an arm "
-            "has no speed run they come from its accuracy runs (training time; samples/s and non-padding tokens/s "
-            "over the training loop, medians over seeds).", ""]
-
-
 def _speed(results: dict, speed: list[dict], speed_raw: list[dict]) -> list[str]:
-    """Speed mode's step times, throughput, MFU and memory per arm, the estimate's predictions, the sweep."""
+    """Speed mode's table (step time, throughput, MFU, memory per arm), the estimate's predictions, the sweep."""
     b, cuda = results["benchmark"], results["environment"]["device_type"] == "cuda"
     base, first, ms = b["baseline"], speed[0], lambda t: 1000 * t
     out = ["## Speed and memory", "", *table([
-        "arm", "precision", "attention", "batch×seq", "step ms median [IQR]", "min–max ms", "samples/s", "tokens/s",
-        "TFLOP/s", "MFU", "peak allocated" if cuda else "peak RSS", "peak reserved", "skipped steps",
-        "other processes' CPU"], [
+        "arm", "precision", "attention", "batch×seq", "step ms median [IQR]", f"time (% of {base})", "samples/s",
+        "tokens/s", "TFLOP/s", "MFU", "peak allocated (reserved)" if cuda else "peak RSS", f"memory (% of {base})",
+        "skipped steps", "other processes' CPU"], [
         [f"`{a['arm']}`", a["precision"] + ("" if a["precision"] == a["precision_requested"]
                                             else f" (asked {a['precision_requested']})"),
          a["attn_implementation"], f"{a['batch_size']}×{a['seq_len']}",
-         f"{ms(t['median']):.1f} [{ms(t['q1']):.1f}–{ms(t['q3']):.1f}]", f"{ms(t['min']):.1f}–{ms(t['max']):.1f}",
+         f"{ms(t['median']):.1f} [{ms(t['q1']):.1f}–{ms(t['q3']):.1f}]", _f(a["time_vs_baseline"], ".0%"),
          f"{a['samples_per_second']['median']:.1f}", f"{a['tokens_per_second']['median']:,.0f}",
          f"{a['tflops']:.3g}", _f(a["mfu"], ".0%") if a["mfu"] is not None else (
              "peak unknown" if a["peak_tflops_source"].startswith("peak unknown") else "—"),
-         _mib(a["peak_memory_bytes"]), _mib(a["peak_reserved_bytes"]) if cuda else "—", str(a["skipped_steps"]),
-         _f(a.get("other_cpu_share"), ".0%")] for a in speed for t in [a["step_time"]]])]
-    out += [f"FLOPs per token (training, forward + backward) = 6·N + 12·L·s·h = {first['flops_per_token']:,} for "
-            f"`{b['model']}` (N = {first['params_nonembedding']:,} non-embedding of {first['params']:,} parameters, "
-            f"s = {first['seq_len']}). MFU = achieved TFLOP/s / dense peak TFLOP/s of the precision that ran: "
+         _mib(a["peak_memory_bytes"]) + (f" ({_mib(a['peak_reserved_bytes'])})" if cuda else ""),
+         _f(a["memory_vs_baseline"], ".0%"), str(a["skipped_steps"]), _f(a.get("other_cpu_share"), ".0%")]
+        for a in speed for t in [a["step_time"]]], align="llll" + "r" * 10)]
+    out += [f"Time is per sample, so arms with another batch compare fairly. FLOPs per token (training, forward + "
+            f"backward) = 6·N + 12·L·s·h = {first['flops_per_token']:,} for `{b['model']}` (N = "
+            f"{first['params_nonembedding']:,} non-embedding of {first['params']:,} parameters, s = "
+            f"{first['seq_len']}). MFU = achieved TFLOP/s / dense peak TFLOP/s of the precision that ran: "
             + "; ".join(sorted({f"{a['precision']}: {a['peak_tflops_source']}" for a in speed})) + ".", ""]
+    if not cuda:
+        out += ["CPU memory is the peak RSS of the whole process during the arm's steps (its peak is reset per "
+                "arm): it includes the interpreter, torch, the tokenizer and the data, the same for every arm.", ""]
     if predicted := results["speed"].get("predicted"):  # from ampft.estimate (make estimate): its error, arm by arm
         out += [f"Predicted by `make estimate` for {next(iter(predicted.values()))['device']} (a trace of the "
                 "same step on fake tensors; docs/benchmarks/estimate.md):", "",
                 *table(["arm", "predicted step ms", "measured step ms", "predicted peak", "measured peak"], [
-            [f"`{a['arm']}`", _f(p["step_seconds"] and ms(p["step_seconds"])), f"{ms(a['step_time']['median']):.1f}",
-             _mib(p["peak_bytes"]), _mib(a["peak_memory_bytes"]) if cuda else "—"]
-            for a in speed if (p := predicted.get(a["arm"]))])]
-    if not cuda:
-        out += ["CPU memory is the peak RSS of the whole process during the arm's steps (its peak is reset per "
-                "arm): it includes the interpreter, torch, the tokenizer and the data, the same for every arm.", ""]
+                    [f"`{a['arm']}`", _f(p["step_seconds"] and ms(p["step_seconds"])),
+                     f"{ms(a['step_time']['median']):.1f}", _mib(p["peak_bytes"]),
+                     _mib(a["peak_memory_bytes"]) if cuda else "—"]
+                    for a in speed if (p := predicted.get(a["arm"]))])]
     if not (sweeps := {r["arm"]: r["sweep"] for r in speed_raw if r["sweep"]}):
         return out
     sizes = sorted({p["batch_size"] for pts in sweeps.values() for p in pts})
@@ -316,42 +279,47 @@ def _speed(results: dict, speed: list[dict], speed_raw: list[dict]) -> list[str]
                   f"Percentages: of `{base}` at the same batch size.", ""]
 
 
-def _comparison(results: dict, arms: dict[str, dict], trainers: list[str], metric: str) -> list[str]:
-    """The accuracy runs' speeds, per seed, FLOP/s, precision gains, profiles, targets, checks and ablations."""
-    acc, seeds = results["accuracy"], results["benchmark"]["accuracy"]["seeds"]
-    out = ["### Speed of the accuracy runs", "", *table([
-        "arm", "runner", "differs by", "samples/s", "tokens/s", "training s", "wall s", "peak memory",
-        *(f"x {t}" for t in trainers)], [
-        [f"`{n}`", a["runner"], ", ".join(a["overrides"]) or "(defaults)", _f(a["samples_per_second"]),
-         _f(a["tokens_per_second"], ".0f"), _f(a["train_seconds"] and a["train_seconds"]["median"]),
-         _f(a["wall_seconds"]), _mib(a["peak_memory_bytes"]), *(_f(a["speedup"].get(t), ".2f") for t in trainers)]
-        for n, a in arms.items()], align="lll" + "r" * (5 + len(trainers)))]
-    kind = next((a["peak_memory_kind"] for a in arms.values() if a["peak_memory_kind"]), "—")
-    out += ["Medians over seeds. samples/s and tokens/s (non-padding) are over the training loop; wall is the "
-            f"run's. Peak memory: {kind}." + (" x: samples/s over a Trainer arm's in the same precision."
-                                              if trainers else ""), ""]
+def _accuracy(results: dict, arms: dict[str, dict], trainers: list[str]) -> list[str]:
+    """Accuracy mode's table (the metric with its paired difference, the runs' speed and memory per arm), each
+    seed, FLOP/s, precision gains, profiles, targets, checks and ablations."""
+    acc, b = results["accuracy"], results["benchmark"]
+    base, seeds, first = b["baseline"], b["accuracy"]["seeds"], next(iter(arms.values()))
+    metric, kind = first["main_metric"], next((a["peak_memory_kind"] for a in arms.values() if a["peak_memory_kind"]), None)
+    out = ["## Accuracy", "", *table([
+        "arm", *(["runner"] if trainers else []), "precision", "runs", f"{metric} mean ± std", f"Δ vs {base} [95% CI]",
+        "skipped steps per seed", "samples/s", "tokens/s", "train s (mean)", f"time (% of {base})", "wall s",
+        "peak memory", *(f"x {t}" for t in trainers), "other processes' CPU"], [
+        [f"`{n}`", *([a["runner"]] if trainers else []), a["precision"] or "—", f"{a['runs']} ({a['diverged']} diverged)",
+         _acc_text(a), _diff_text(a), _join(a["skipped_steps"]), _f(a["samples_per_second"]),
+         _f(a["tokens_per_second"], ",.0f"), _f(a["train_seconds"] and a["train_seconds"]["mean"]),
+         _f(a["time_vs_baseline"], ".0%"), _f(a["wall_seconds"]), _mib(a["peak_memory_bytes"]),
+         *(_f(a["speedup"].get(t), ".2f") for t in trainers), _f(a.get("other_cpu_share"), ".0%")]
+        for n, a in arms.items()], align="l" * (6 + bool(trainers)) + "r" * (7 + len(trainers))),
+        "Δ: the mean of the per-seed differences to the baseline, with a t-based 95% confidence interval (paired by "
+        "seed). samples/s, tokens/s (non-padding) and wall s are medians over seeds, over the training loop and the "
+        f"whole run; time is the training time's; peak memory: {kind or '—'}; other processes' CPU: the most any "
+        "run saw." + (" x: samples/s over a Trainer arm's in the same precision." if trainers else ""), ""]
     if len(seeds) > 1:
         out += ["Per seed:", "", *table(["arm", *(f"seed {s} {w}" for s in seeds for w in ("samples/s", metric))], [
             [f"`{n}`", *(x for v, m in zip(a["samples_per_second_per_seed"], a["metric_per_seed"], strict=True)
                          for x in (_f(v), _f(m, ".4f")))] for n, a in arms.items()], align="l" + "rr" * len(seeds))]
     if counted := {n: a for n, a in arms.items() if a["model_tflops"]}:
         mfus = {n: a["mfu"] for n, a in counted.items() if a["mfu"] is not None}
-        first = next(iter(counted.values()))
+        one = next(iter(counted.values()))
         out += ["Model FLOP/s over non-padding tokens (6N + 12·L·h·s per token, per example's length): "
                 + ", ".join(f"`{n}` {a['model_tflops'] * 1e3:.2f} GFLOP/s" for n, a in counted.items()) + ". "
-                + (("MFU: " + ", ".join(f"`{n}` {v:.1%}" for n, v in mfus.items()) + f" of {first['peak_tflops']:g} "
-                    f"TFLOP/s ({first['peak_tflops_source']}).") if mfus else f"MFU: {first['peak_tflops_source']}."),
-                ""]
+                + (("MFU: " + ", ".join(f"`{n}` {v:.1%}" for n, v in mfus.items()) + f" of {one['peak_tflops']:g} "
+                    f"TFLOP/s ({one['peak_tflops_source']}).") if mfus else f"MFU: {one['peak_tflops_source']}."), ""]
     out += _precision_section(results, arms, metric) + _profile_section(arms)
     if acc["targets"] or acc["checks"]:
         out += ["### Targets", "", *(f"- {t['arm']} at least {t['min_ratio']:g}x the samples/s of {t['over']}: "
                 f"measured {_f(t['ratio'], '.2f')}x, **{'met' if t['met'] else 'NOT met'}**." for t in acc["targets"]),
                 *(f"- {c['arm']} {metric} within {acc['tolerance']:g} point(s) of {c['reference']}: "
-                f"{c['difference']:+.2f}, **{'yes' if c['within'] else 'NO'}**."
-                + (f" Paired over {len(c['per_seed'])} seeds: {_join(c['per_seed'], '+.2f')}, standard error "
-                   f"{c['standard_error']:.2f}; within one seed standard deviation of {c['reference']} "
-                   f"({c['reference_std']:.2f}): **{'yes' if c['within_reference_std'] else 'NO'}**."
-                   if len(c["per_seed"]) > 1 else "") for c in acc["checks"]), ""]
+                  f"{c['difference']:+.2f}, **{'yes' if c['within'] else 'NO'}**."
+                  + (f" Paired over {len(c['per_seed'])} seeds: {_join(c['per_seed'], '+.2f')}, standard error "
+                     f"{c['standard_error']:.2f}; within one seed standard deviation of {c['reference']} "
+                     f"({c['reference_std']:.2f}): **{'yes' if c['within_reference_std'] else 'NO'}**."
+                     if len(c["per_seed"]) > 1 else "") for c in acc["checks"]), ""]
     plain = [n for n, a in arms.items() if a["runner"] == Runner.ampft.value and not a["overrides"]]
     ablations = [a for a in arms.values() if a["runner"] == Runner.ampft.value and a["overrides"]
                  and plain and a["precision"] == arms[plain[0]]["precision"]]  # other precisions: their own section
@@ -379,15 +347,10 @@ def _precision_section(results: dict, arms: dict[str, dict], metric: str) -> lis
             [g["runner"], g["fp32"], g["arm"], sps(g["fp32"]), sps(g["arm"]), f"{g['ratio']:.2f}x",
              _join(g["metric_difference_per_seed"], "+.2f"), f"{g['metric_difference']:+.2f}"]
             for g in gains if g["precision"] == prec], align="lllrrrlr")]
-        for v in (v for v in acc["by_precision"] if v["precision"] == prec):
-            out += table(["precision", "Trainer arm", "ampft arm", "Trainer samples/s", "ampft samples/s",
-                          "ampft / Trainer", f"Trainer {metric}", f"ampft {metric}", f"{metric} Δ"], [
-                [r["precision"], r["trainer"], r["ampft"], sps(r["trainer"]), sps(r["ampft"]), f"{r['ratio']:.2f}x",
-                 f"{r['trainer_metric']:.2f}", f"{r['ampft_metric']:.2f}", f"{r['metric_difference']:+.2f}"]
-                for r in v["rows"]], align="lllrrrrrr")
-            out += [f"- ampft's {prec}/fp32 gain {v['ampft_gain']:.2f}x against the Trainer's "
-                    f"{v['trainer_gain']:.2f}x ({v['rows'][1]['ampft']} over {v['rows'][0]['ampft']}, "
-                    f"{v['rows'][1]['trainer']} over {v['rows'][0]['trainer']}): {v['gain_ratio']:.2f}x, "
+        for v in (v for v in acc["by_precision"] if v["precision"] == prec):  # ampft x Trainer: the accuracy table
+            out += [f"- ampft's {prec}/fp32 gain {v['ampft_gain']:.2f}x against the Trainer's {v['trainer_gain']:.2f}x "
+                    f"({v['ampft']} over {v['ampft_fp32']}, {v['trainer']} over {v['trainer_fp32']}): "
+                    f"{v['gain_ratio']:.2f}x, "
                     f"**{'at least the Trainer' if v['gain_at_least_trainer'] else 'less than the Trainer'}'s**.", ""]
         if env["device_type"] == "cpu" and prec in ("fp16", "bf16"):
             have = cpu_half_support(set(env.get("cpu_features") or []))[prec]

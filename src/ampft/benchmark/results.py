@@ -105,18 +105,15 @@ def summarize_accuracy(b: DictConfig | dict, runs: list[dict], env: dict, cfgs: 
             arm=arm.name, runner=Runner(arm.runner).value, overrides=list(arm.overrides), precision=precision,
             main_metric=first["main_metric"], runs=len(rs), diverged=sum(r["diverged"] for r in rs),
             metric=_if_any(stats.describe, list(values.values())), metric_per_seed=per_seed("metric"),
-            diff=stats.difference_ci(values, base) if values and base and arm.name != baseline else None,
+            diff=stats.difference_ci(values, base) if arm.name != baseline else None,
             train_seconds=_if_any(stats.describe, times),
             time_vs_baseline=stats.ratio(mean(times), mean(base_time)) if times and base_time else None,
-            train_samples_per_second=_if_any(stats.describe, [r["train_samples_per_second"] for r in ok]),
             samples_per_second=_if_any(median, given("train_samples_per_second")),
             tokens_per_second=_if_any(median, given("train_tokens_per_second")),
             wall_seconds=_if_any(median, given("wall_seconds")),
-            setup_seconds=_if_any(median, given("setup_seconds")),
             samples_per_second_per_seed=per_seed("train_samples_per_second"),
             skipped_steps=[r.get("skipped_steps") for r in rs],
             loss_scale_final=[r.get("loss_scale_final") for r in rs],
-            final_train_loss=_if_any(stats.describe, given("train_loss_last")),
             other_cpu_share=max((r.get("other_cpu_share") or 0.0 for r in rs), default=None),
             peak_memory_bytes=max((r.get("peak_memory_bytes") or 0 for r in rs), default=None) or None,
             peak_memory_kind=first.get("peak_memory_kind"),
@@ -171,27 +168,21 @@ def precision_pairs(b: DictConfig, cfgs: dict, names: list[str]) -> list[tuple[s
 
 def precision_gains(arms: dict[str, dict], pairs: list[tuple[str, str]]) -> tuple[list[dict], list[dict]]:
     """Each (fp32, arm) pair's samples/s ratio and mean per-seed metric difference (points); and, for each
-    Trainer pair and ampft pair of one precision, ampft against the Trainer in both precisions and gain ratio."""
+    Trainer pair and ampft pair of one precision, the ratio of their gains."""
     def diffs(x: str, y: str) -> list[float]:
         return [p - q for p, q in _paired(arms[x], arms[y])]
 
     def speed(x: str, y: str) -> float:
         return arms[x]["samples_per_second"] / arms[y]["samples_per_second"]
 
-    def row(trainer: str, ampft: str) -> dict:
-        return dict(precision=arms[ampft]["precision"], trainer=trainer, ampft=ampft,
-                    ratio=speed(ampft, trainer), trainer_metric=_points(arms[trainer]["metric"]["mean"]),
-                    ampft_metric=_points(arms[ampft]["metric"]["mean"]),
-                    metric_difference=mean(diffs(ampft, trainer)))
-
     gains = [dict(runner=arms[arm]["runner"], fp32=base, arm=arm, precision=arms[arm]["precision"],
                   ratio=speed(arm, base), metric_difference=mean(d), metric_difference_per_seed=d)
              for base, arm in pairs
              if (d := diffs(arm, base))
              and arms[arm]["samples_per_second"] and arms[base]["samples_per_second"]]
-    versus = [dict(precision=t["precision"], trainer_gain=t["ratio"], ampft_gain=a["ratio"],
-                   gain_ratio=a["ratio"] / t["ratio"], gain_at_least_trainer=a["ratio"] >= t["ratio"],
-                   rows=[row(t[k], a[k]) for k in ("fp32", "arm")])
+    versus = [dict(precision=t["precision"], trainer=t["arm"], trainer_fp32=t["fp32"], ampft=a["arm"],
+                   ampft_fp32=a["fp32"], trainer_gain=t["ratio"], ampft_gain=a["ratio"], gain_ratio=a["ratio"] / t["ratio"],
+                   gain_at_least_trainer=a["ratio"] >= t["ratio"])
               for t in gains if t["runner"] == Runner.trainer.value
               for a in gains if a["runner"] == Runner.ampft.value and a["precision"] == t["precision"]]
     return gains, versus
@@ -217,10 +208,6 @@ def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{100 * x:.0f}%"
 
 
-def _of(arms, *precisions: str) -> list[dict]:
-    return [a for a in arms if a["precision"] in precisions]
-
-
 def _verdict(ok: bool) -> str:
     return REPRODUCED if ok else NOT_REPRODUCED
 
@@ -241,20 +228,20 @@ def _same_accuracy(a: dict) -> tuple[str, str]:
 
 def evaluate_claims(results: dict) -> list[dict]:
     """The published claims judged on this run's ampft arms; none for a benchmark with a Trainer arm (a
-    comparison has targets instead) or with one precision (the claims compare precisions)."""
+    comparison has targets instead) or with one precision (the claims compare precisions). A claim is judged
+    on each arm it is about, or once as "not checked" with what it would need."""
     b, env = results["benchmark"], results["environment"]
     speed = (results.get("speed") or {}).get("arms", [])
     acc = {a["arm"]: a for a in (results.get("accuracy") or {}).get("arms", [])}
     if (any(a.get("runner") == Runner.trainer.value for a in b["arms"])
             or len({a["precision"] for a in [*speed, *acc.values()]}) < 2):
         return []
-    baseline = b["baseline"]
+    baseline, cpu = b["baseline"], env["device_type"] != "cuda"
     base = next((a for a in speed if a["arm"] == baseline), None)
     # the speed arms that differ from the baseline only in precision (same attention and batch)
     same = [a for a in speed if base is not None and a is not base
             and all(a[k] == base[k] for k in ("attn_implementation", "batch_size", "seq_len"))]
-    base_acc = acc.get(baseline)
-    cpu = env["device_type"] != "cuda"
+    fp32 = "fp32" in {(base or {}).get("precision"), (acc.get(baseline) or {}).get("precision")}
     where = f"on this {'CPU' if cpu else 'GPU'} ({env['device_name']})"
     claims: list[dict] = []
 
@@ -263,66 +250,64 @@ def evaluate_claims(results: dict) -> list[dict]:
         claims.append(dict(id=f"{cid}-{arm['arm']}" if arm else cid, claim=text or CLAIMS[cid],
                            verdict=verdict, measured=measured, note=note))
 
-    base_is_fp32 = (base or {}).get("precision") == "fp32" or (base_acc or {}).get("precision") == "fp32"
-    mixed, tc = _of(same, *MIXED), _of(same, "tf32", *MIXED)
-    mixed_acc, bf16, fp16 = _of(acc.values(), *MIXED), _of(acc.values(), "bf16"), _of(acc.values(), "fp16")
-    # 1. time, memory, accuracy of mixed precision vs fp32
-    if not base_is_fp32:
-        for cid in ("mp-time", "mp-memory", "mp-accuracy"):
-            claim(cid, NOT_CHECKED, note=f"the baseline arm {baseline} is not fp32")
-    else:
-        for cid in ("mp-time", "mp-memory") if not mixed else ():
-            claim(cid, NOT_CHECKED, note="no fp16/bf16 speed arm comparable with the baseline")
-        for a in mixed:
-            for cid, v, target, what, cpu_note in (
-                    ("mp-time", a["time_vs_baseline"], TIME_CLAIM, f"time per sample {where}",
-                     "the claim is about GPUs (Tensor Cores); the CPU number is for the record"),
-                    ("mp-memory", a["memory_vs_baseline"], MEMORY_CLAIM,
-                     f"peak memory ({a['peak_memory_kind']})", "on a CPU the peak RSS of the process "
-                     "includes the interpreter, libraries and data, which no precision changes, so it cannot "
-                     "show the claimed GPU-memory saving")):
-                claim(cid, NOT_CHECKED if cpu else _verdict(v is not None and v <= target + SLACK),
-                      f"{a['arm']}: {_pct(v)} of {baseline}'s {what}", cpu_note if cpu else "", a)
-        if not mixed_acc:
-            claim("mp-accuracy", NOT_CHECKED, note="no fp16/bf16 arm in accuracy mode")
-        for a in mixed_acc:
-            verdict, measured = _same_accuracy(a)
-            claim("mp-accuracy", verdict, f"{a['arm']} {a['main_metric']}: {measured}", arm=a)
+    def judge(cid: str, arms: list[dict], missing: str | None) -> list[dict]:
+        """The arms to judge claim `cid` on; none, with one "not checked" saying why, where it is `missing`."""
+        if missing:
+            claim(cid, NOT_CHECKED, note=missing)
+        return [] if missing else arms
 
-    # 2. Tensor Cores: 1.5-3x throughput
+    not_fp32 = None if fp32 else f"the baseline arm {baseline} is not fp32"
+    mixed = [a for a in same if a["precision"] in MIXED]
+    for a in judge("mp-time", mixed, not_fp32 or (None if mixed else "no fp16/bf16 speed arm comparable with "
+                                                                        "the baseline")):
+        v = a["time_vs_baseline"]
+        claim("mp-time", NOT_CHECKED if cpu else _verdict(v is not None and v <= TIME_CLAIM + SLACK),
+              f"{a['arm']}: {_pct(v)} of {baseline}'s time per sample {where}",
+              "the claim is about GPUs (Tensor Cores); the CPU number is for the record" if cpu else "", a)
+    for a in judge("mp-memory", mixed, not_fp32 or (None if mixed else "no fp16/bf16 speed arm comparable with "
+                                                                          "the baseline")):
+        v = a["memory_vs_baseline"]
+        claim("mp-memory", NOT_CHECKED if cpu else _verdict(v is not None and v <= MEMORY_CLAIM + SLACK),
+              f"{a['arm']}: {_pct(v)} of {baseline}'s peak memory ({a['peak_memory_kind']})",
+              "on a CPU the peak RSS of the process includes the interpreter, libraries and data, which no "
+              "precision changes, so it cannot show the claimed GPU-memory saving" if cpu else "", a)
+    mixed_acc = [a for a in acc.values() if a["precision"] in MIXED]
+    for a in judge("mp-accuracy", mixed_acc, not_fp32 or (None if mixed_acc else "no fp16/bf16 arm in accuracy "
+                                                                                  "mode")):
+        verdict, measured = _same_accuracy(a)
+        claim("mp-accuracy", verdict, f"{a['arm']} {a['main_metric']}: {measured}", arm=a)
+
+    tensor_cores = [a for a in same if a["precision"] in ("tf32", *MIXED)]
     if cpu:
-        claim("tensor-cores", NOT_CHECKED, "; ".join(f"{a['arm']} {a['speedup']:.2f}x" for a in tc
+        claim("tensor-cores", NOT_CHECKED, "; ".join(f"{a['arm']} {a['speedup']:.2f}x" for a in tensor_cores
                                                      if a["speedup"]),
               "a CPU has no Tensor Cores; speed-ups measured here come from AVX512-BF16/AMX, not from the "
               "hardware the claim is about")
-    elif not base_is_fp32 or not tc:
-        claim("tensor-cores", NOT_CHECKED, note="needs an fp32 baseline and a tf32/fp16/bf16 speed arm")
-    for a in tc if base_is_fp32 and not cpu else ():
+    for a in [] if cpu else judge("tensor-cores", tensor_cores, None if fp32 and tensor_cores else
+                                  "needs an fp32 baseline and a tf32/fp16/bf16 speed arm"):
         s = a["speedup"]
         claim("tensor-cores", _verdict(s is not None and s >= TENSOR_CORE_SPEEDUP[0]),
               f"{a['arm']}: {s:.2f}x {baseline} {where}",
               "more than the claimed 3x" if s and s > TENSOR_CORE_SPEEDUP[1] else "", a)
 
-    # 3. BF16 as stable as FP32, where FP16 needs loss scaling (two halves, two verdicts)
-    if not bf16 or base_acc is None:
-        claim("bf16-stable", NOT_CHECKED, note="needs bf16 and fp32 arms in accuracy mode")
-    for a in bf16 if base_acc is not None else ():
+    # BF16 as stable as FP32, where FP16 needs loss scaling: two halves, two verdicts
+    bf16 = [a for a in acc.values() if a["precision"] == "bf16"]
+    for a in judge("bf16-stable", bf16, None if bf16 and baseline in acc else
+                   "needs bf16 and fp32 arms in accuracy mode"):
         verdict, measured = _same_accuracy(a)
         claim("bf16-stable", verdict, f"{a['arm']}: {a['diverged']} of {a['runs']} runs diverged, "
               f"{a['main_metric']} {measured}", arm=a)
-    if not fp16:
-        claim("fp16-scaling", NOT_CHECKED, note="no fp16 arm in accuracy mode")
-    for a in fp16:
+    fp16 = [a for a in acc.values() if a["precision"] == "fp16"]
+    for a in judge("fp16-scaling", fp16, None if fp16 else "no fp16 arm in accuracy mode"):
         skipped = sum(s for s in a["skipped_steps"] if s)
         scales = ", ".join(f"{s:g}" for s in a["loss_scale_final"] if s is not None) or "n/a"
         claim("fp16-scaling", REPRODUCED if skipped else NOT_CHECKED,
-              f"{a['arm']}: {skipped} overflowing steps skipped over {a['runs']} runs, final loss scale "
-              f"{scales}",
+              f"{a['arm']}: {skipped} overflowing steps skipped over {a['runs']} runs, final loss scale {scales}",
               "the dynamic scaler had to back off: fp16's range was exceeded at the initial scale" if skipped
               else "no step overflowed at the initial scale, and no run without scaling was tried, so "
               "whether fp16 needed the scaler here was not exercised", a)
 
-    # Published anchors
+    # Published anchors: the ratio compared where the setting is the anchor's
     by_prec = {a["precision"]: a for a in [base, *same] if a is not None}
     setting = (b["model"], speed[0]["seq_len"], speed[0]["batch_size"]) if speed else None
     nv, hf = NVIDIA_ANCHOR, HF_ANCHOR
@@ -338,7 +323,7 @@ def evaluate_claims(results: dict) -> list[dict]:
                    "110.5 sequences/s (1.79x), F1 90.93 vs 90.96")
     else:
         claim("anchor-nvidia", NOT_CHECKED, note="needs tf32 and fp16 speed arms on a GPU")
-    if "fp16" in by_prec and base is not None and base["precision"] == "fp32":
+    if "fp16" in by_prec and (base or {}).get("precision") == "fp32":
         f = by_prec["fp16"]
         same_setting = setting == (hf["model"], hf["seq_len"], hf["batch_size"]) and not cpu
         claim("anchor-hf", _verdict(f["speedup"] >= 0.8 * hf["speedup"]) if same_setting else NOT_CHECKED,

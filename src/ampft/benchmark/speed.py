@@ -12,6 +12,7 @@ import functools
 import gc
 import inspect
 import logging
+import math
 import re
 import statistics
 import time
@@ -49,14 +50,6 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _vm(field: str) -> int | None:
-    """A /proc/self/status field in bytes; None where it cannot be read."""
-    with contextlib.suppress(OSError):
-        m = re.search(rf"^{field}:\s+(\d+)", Path("/proc/self/status").read_text(), re.MULTILINE)
-        return int(m.group(1)) * 1024 if m else None
-    return None
-
-
 def reset_peak(device: torch.device) -> bool:
     """Start a new peak-memory window; False where the CPU peak cannot be reset (it is then the process's)."""
     if device.type == "cuda":
@@ -69,20 +62,15 @@ def reset_peak(device: torch.device) -> bool:
     return False
 
 
-def memory_now(device: torch.device) -> dict[str, int | None]:
-    if device.type == "cuda":
-        return dict(allocated_bytes=torch.cuda.memory_allocated(device),
-                    reserved_bytes=torch.cuda.memory_reserved(device))
-    return dict(rss_bytes=_vm("VmRSS"))
-
-
 def memory_peak(device: torch.device) -> dict[str, int | None]:
     if device.type == "cuda":
         _sync(device)
         return dict(peak_allocated_bytes=torch.cuda.max_memory_allocated(device),
                     peak_reserved_bytes=torch.cuda.max_memory_reserved(device))
-    hwm = _vm("VmHWM")  # not Linux: the process's peak
-    return dict(peak_rss_bytes=hwm if hwm is not None else peak_memory_bytes(device)[0])
+    with contextlib.suppress(OSError):
+        status = Path("/proc/self/status").read_text()
+        return dict(peak_rss_bytes=int(re.search(r"^VmHWM:\s+(\d+)", status, re.MULTILINE)[1]) * 1024)
+    return dict(peak_rss_bytes=peak_memory_bytes(device)[0])  # not Linux: the process's peak
 
 
 def free(device: torch.device) -> None:
@@ -167,15 +155,15 @@ def _fmt_mem(m: dict) -> str:
                      if k.endswith("_bytes") and v is not None)
 
 
-def pilot_batch_size(batch_size: int) -> int:
-    """A quarter of the arm's batch: the arithmetic, not per-step overhead, decides its time; cheap on a crawl."""
-    return max(1, batch_size // 4)
-
-
 def measure_arm(cfg: DictConfig, run_dir: Path, warmup_steps: int, timed_steps: int, seed: int,
-                sweep: DictConfig | None = None, plan=None) -> dict:
-    """Build one arm, time its steps, measure its memory (and sweep batch sizes); free everything. plan
-    (`runner.SpeedPlan`; None: everything runs) decides after the pilot steps and after the probe (the budget)."""
+                sweep: DictConfig | None = None, seconds: float | None = None, skippable: bool = False) -> dict:
+    """Build one arm, time its steps, measure its memory (and sweep batch sizes); free everything.
+
+    seconds: the arm's share of the time budget (None: no budget). Two pilot steps at a quarter of the batch come
+    first (the second timed: the first pays one-time costs) and project a full step, linearly in the batch; a
+    `skippable` arm whose warm-up and two timed steps would not fit stops there. Then the warm-up and two timed
+    steps (the probe), the further timed steps that fit at the probe's median, and the sweep if it fits in what
+    is left."""
     tic = time.perf_counter()
     training, _, ran_precision = build(cfg, Path(run_dir))
     built = time.perf_counter() - tic
@@ -189,21 +177,28 @@ def measure_arm(cfg: DictConfig, run_dir: Path, warmup_steps: int, timed_steps: 
             regression=model.config.problem_type == "regression")
         training.model.train()
         free(device)
-        after_build = memory_now(device)
-        # the first step pays one-time costs (kernels, allocator): time the second
-        pilot = _run_steps(training, make_batches(2, pilot_batch_size(bs)))[0][1] if plan is not None else None
         head = dict(precision=ran_precision, precision_requested=requested, batch_size=bs, seq_len=seq_len,
-                    pilot_step_seconds=pilot)
-        if plan is not None and not plan.after_pilot(pilot, built):
-            return dict(head, skipped=True)
+                    pilot_step_seconds=None)
+        left = math.inf if seconds is None else seconds - built  # the build counts against the arm's share
+        if seconds is not None:
+            pilot_bs = max(1, bs // 4)
+            pilot = head["pilot_step_seconds"] = _run_steps(training, make_batches(2, pilot_bs))[0][1]
+            head["projected_step_seconds"] = pilot * bs / pilot_bs
+            log.info("  %s: pilot step (batch %d) %.2f s, a full step projected at %.2f s", requested, pilot_bs, pilot,
+                     head["projected_step_seconds"])
+            left -= 2 * pilot
+            if skippable and (warmup_steps + 2) * head["projected_step_seconds"] > left:
+                return dict(head, skipped=True)
         batches = make_batches(warmup_steps + timed_steps, bs)
         peak_reset = reset_peak(device)
         try:
             probe = min(warmup_steps + 2, len(batches))
-            seconds, losses, skipped = _run_steps(training, batches[:probe])
-            more, do_sweep = plan.after_probe(seconds[warmup_steps:]) if plan else (len(batches) - probe, True)
+            times, losses, skipped = _run_steps(training, batches[:probe])
+            step = statistics.median(times[warmup_steps:])
+            left -= sum(times)
+            more = len(batches) - probe if math.isinf(left) else max(0, int(left // step))
             s2, l2, k2 = _run_steps(training, batches[probe:probe + more])
-            seconds, losses, skipped = seconds + s2, losses + l2, skipped + k2
+            times, losses, skipped, left = times + s2, losses + l2, skipped + k2, left - sum(s2)
         except RuntimeError as exc:
             if not is_oom(exc):
                 raise
@@ -214,15 +209,17 @@ def measure_arm(cfg: DictConfig, run_dir: Path, warmup_steps: int, timed_steps: 
         del batches
         result = dict(
             head, attn_implementation=model.config._attn_implementation, model=cfg.model.name,
-            pretrained=bool(cfg.model.pretrained), device=str(device), build_seconds=built, timed_steps_planned=timed_steps,
-            warmup_step_seconds=seconds[:warmup_steps], step_seconds=seconds[warmup_steps:],
+            pretrained=bool(cfg.model.pretrained), device=str(device), build_seconds=built,
+            warmup_step_seconds=times[:warmup_steps], step_seconds=times[warmup_steps:],
             losses=torch.stack(losses).float().tolist(), skipped_steps=skipped,
-            loss_scale=acc.scaler.get_scale() if acc.scaler is not None else None, memory_after_build=after_build,
+            loss_scale=acc.scaler.get_scale() if acc.scaler is not None else None,
             memory_peak=peak, peak_window="timed+warmup steps" if peak_reset else "process lifetime (reset not supported)",
             **model_flops_per_token(model, seq_len))
         log.info("  %s: median step %.3f s, %s", requested, statistics.median_high(result["step_seconds"]),
                  _fmt_mem(peak))
-        result["sweep"] = _sweep(training, sweep, make_batches, seq_len) if sweep is not None and do_sweep else []
+        # the sweep's cost projected from the step time, linearly in the batch
+        fits = sweep is not None and step * sum(sweep.batch_sizes) / bs * sweep.steps <= left
+        result["sweep"] = _sweep(training, sweep, make_batches, seq_len) if fits else []
         return result
     finally:
         training.tracker.close()
