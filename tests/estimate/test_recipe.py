@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from ampft.estimate.config import EstimateConfigError, check
+from ampft.errors import ConfigError
+from ampft.estimate.config import check
 from ampft.estimate.run import compose
 from ampft.validation import schema_keys
 from tests.helpers import ROOT
@@ -51,7 +52,7 @@ def test_bad_values_are_refused_with_the_key_and_the_choices(tmp_path):
     assert r.returncode == 2 and "estimate.gpu=a100" in r.stderr and "a100-80gb" in r.stderr
     r = _run(tmp_path, "model=tiny-bert", "estimate.gpus=a100-80gb")
     assert r.returncode != 0 and "gpus" in r.stderr
-    with pytest.raises(EstimateConfigError) as err:
+    with pytest.raises(ConfigError) as err:
         check(compose(["estimate.ranks=0", "estimate.efficiency=2", "estimate.allocator_overhead=-1"]).estimate)
     assert len(err.value.problems) == 3
 

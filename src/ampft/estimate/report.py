@@ -103,10 +103,7 @@ def console(r: dict) -> str:
     ckpt = ", gradient checkpointing" if r.get("gradient_checkpointing") else ""
     lines = [f"{r['model']} / {r['task']}, batch {r['batch_size']} x {r['seq_len']}, on {r['device']['label']} "
              f"({gib(r['usable_bytes'])} GiB usable){ckpt} -- PREDICTED"]
-    columns = {"precision": 12, "peak GiB": 9, "needs GiB": 9, "fits": 5, "max batch": 9, "mem/fp32": 8, "step ms": 8,
-               "samples/s": 9, "MFU": 5, "time/fp32": 8}  # header: width
-    lines += ["  ".join(str(c).replace("**", "").ljust(w) for c, w in zip(row, columns.values(), strict=True))
-              for row in [list(columns), *summary_rows(r)]]
+    lines += [row.replace("**", "") for row in _table(SUMMARY_HEADER, summary_rows(r))]
     c = _asked(r)["memory"]["single"]["components"]
     lines.append(f"{r['precision']}, one device: "
                  + ", ".join(f"{LABELS[k]} {gib(v)}" for k, v in c.items() if v >= 1 << 20))
