@@ -38,8 +38,9 @@ from pathlib import Path
 
 from ampft.devices import GPUS, NVIDIA_ANCHOR
 from ampft.estimate import time as timing
-from ampft.estimate.run import _labels, compose, trace_all
+from ampft.estimate.run import _labels, trace_all
 from ampft.finetune import build_optimizer
+from ampft.launch import compose
 from ampft.models import build_model, load_tokenizer
 from ampft.tasks import family_for
 
@@ -58,7 +59,7 @@ def _status(key: str) -> int:
 
 
 def _overrides(model: str, batch: int, length: int, checkpointing: bool = False) -> list[str]:
-    return [f"model={model}", f"trainer.batch_size={batch}", f"task.max_length={length}", "estimate.gpu=cpu",
+    return [f"model={model}", f"trainer.batch_size={batch}", f"task.max_length={length}",
             f"model.gradient_checkpointing={str(checkpointing).lower()}"]
 
 

@@ -9,7 +9,8 @@ import pytest
 
 from ampft.devices import GPUS, for_cuda_name
 from ampft.estimate import time as timing
-from ampft.estimate.run import compose, predict_arms, trace_all
+from ampft.estimate.run import predict_arms, trace_all
+from tests.helpers import compose_config
 
 PRECISIONS = ["fp32", "tf32", "fp16", "bf16"]
 
@@ -39,7 +40,7 @@ def test_cuda_names_find_their_card(name, key):
 
 @pytest.fixture(scope="module")
 def tiny():
-    cfg = compose(["model=tiny-bert", "precision=bf16", "trainer.batch_size=4", "task.max_length=32"])
+    cfg = compose_config("estimate", ["model=tiny-bert", "precision=bf16", "trainer.batch_size=4", "task.max_length=32"])
     return cfg, trace_all(cfg, PRECISIONS, "cuda")[0]
 
 

@@ -6,7 +6,8 @@ import pytest
 
 from ampft.devices import GPUS
 from ampft.estimate import time as timing
-from ampft.estimate.run import compose, trace_all
+from ampft.estimate.run import trace_all
+from tests.helpers import compose_config
 
 
 def test_this_cpu_is_measured():
@@ -27,7 +28,7 @@ def test_a_matmul_runs_at_the_peak_of_its_dtype_and_precision():
 
 @pytest.fixture(scope="module")
 def base_traces():
-    cfg = compose(["model=tiny-bert", "trainer.batch_size=16", "task.max_length=128"])
+    cfg = compose_config("estimate", ["model=tiny-bert", "trainer.batch_size=16", "task.max_length=128"])
     return trace_all(cfg, ["fp32", "tf32", "bf16"], "cuda")[0]
 
 

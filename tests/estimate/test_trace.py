@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from ampft.estimate import memory
-from ampft.estimate.run import compose, trace_all
+from ampft.estimate.run import trace_all
 from ampft.estimate.trace import fake_mode, trace_step
+from tests.helpers import compose_config
 
 B, D, H, C = 8, 16, 32, 4  # batch, input width, hidden width, classes
 
@@ -95,7 +96,7 @@ def test_cuda_attention_keeps_no_seq_by_seq_tensors():
     def excess(target):
         a = {}
         for length in (128, 256):
-            cfg = compose(["model=tiny-bert", "trainer.batch_size=4", f"task.max_length={length}"])
+            cfg = compose_config("estimate", ["model=tiny-bert", "trainer.batch_size=4", f"task.max_length={length}"])
             a[length] = trace_all(cfg, ["fp32"], target)[0]["fp32"].saved_activations
         return a[256] - 2 * a[128]
 
@@ -118,12 +119,12 @@ def _hwm_bytes() -> int:
 @pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux /proc")
 def test_bert_large_32x384_traces_without_memory():
     """BERT-large at 32 x 384 needs about 25 GiB in fp32; its fake trace holds none of it."""
-    cfg = compose(["model=bert-large", "trainer.batch_size=32", "task.max_length=384"])
+    cfg = compose_config("estimate", ["model=bert-large", "trainer.batch_size=32", "task.max_length=384"])
     import ampft.models  # noqa: F401  (imports before the baseline)
 
     rss = _hwm_bytes()
     _peak_rss_reset()
     tr = trace_all(cfg, ["fp32"], "cuda")[0]["fp32"]
     grew = _hwm_bytes() - min(rss, _hwm_bytes())
-    assert tr.params > 330e6 and memory.breakdown(tr, "single", cfg, 1).peak > 20 * 2**30
+    assert tr.params > 330e6 and memory.breakdown(tr, "single", cfg, 1)["peak"] > 20 * 2**30
     assert grew < 0.5 * 2**30, f"the trace grew the resident set by {grew / 2**30:.2f} GiB"

@@ -8,7 +8,6 @@ gradient checkpointing the peak holds the layers' inputs plus one recomputed lay
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -20,56 +19,16 @@ SCALER_BYTES = 12  # GradScaler: the scale (fp32), the growth tracker (int32), o
 GIB = 2**30
 
 
-@dataclass(frozen=True)
-class Overheads:
-    """What a device holds beyond a step's allocated peak (the estimate.* keys of these names)."""
-
-    cuda_context_gib: float
-    workspace_mib: float
-    allocator_overhead: float
-
-    def total(self, peak: float, kind: str = "cuda") -> float:
-        """What the device must hold for a step whose allocated peak is `peak` bytes."""
-        if kind != "cuda":
-            return peak
-        return peak * (1 + self.allocator_overhead) + self.cuda_context_gib * GIB + self.workspace_mib * 2**20
-
-    def usable(self, memory_bytes: float, kind: str = "cuda") -> float:
-        """The largest allocated peak that fits in `memory_bytes`."""
-        if kind != "cuda":
-            return memory_bytes
-        return (memory_bytes - self.cuda_context_gib * GIB - self.workspace_mib * 2**20) / (1 + self.allocator_overhead)
-
-
 def deepspeed_half(cfg: DictConfig, precision: str) -> bool:
     """Whether DeepSpeed would run this precision in its own 16-bit mode (`distributed.deepspeed_precision`)."""
     return deepspeed_mode(OmegaConf.create({"name": precision}), cfg.distributed.deepspeed_precision) == "half"
 
 
-@dataclass
-class Breakdown:
-    strategy: str
-    ranks: int
-    components: dict[str, float]  # at the peak moment, bytes per rank
-    forward_backward: float  # the forward/backward moment's total
-    optimizer_step: float  # the optimizer step's total
-    trace: StepTrace
-
-    @property
-    def peak(self) -> float:
-        return max(self.forward_backward, self.optimizer_step)
-
-    def forward_backward_at(self, batch_size: int) -> float:
-        """The forward/backward total at another per-rank batch size: the traced timeline with every storage whose
-        first dimension is the batch rescaled (everything else here does not depend on the batch)."""
-        fb = self.trace.forward_backward
-        return self.forward_backward + fb.peak_at(batch_size / self.trace.batch_size) - fb.peak
-
-
-def breakdown(tr: StepTrace, strategy: str, cfg: DictConfig, ranks: int) -> Breakdown:
-    """Per-rank bytes of each component at the peak of one step of `cfg`'s recipe under `strategy` with `ranks`
-    ranks (the distributed group's buckets and resharding, DeepSpeed's own 16-bit mode, fp16's loss scaler). With
-    gradient accumulation the gradients of earlier micro-batches are there through each later forward/backward."""
+def breakdown(tr: StepTrace, strategy: str, cfg: DictConfig, ranks: int) -> dict:
+    """Per-rank bytes of one step of `cfg`'s recipe under `strategy` with `ranks` ranks (the distributed group's
+    buckets and resharding, DeepSpeed's own 16-bit mode, fp16's loss scaler): the totals of the forward/backward and
+    of the optimizer step, the larger one's components, its peak. With gradient accumulation the gradients of
+    earlier micro-batches are there through each later forward/backward."""
     d = cfg.distributed
     n = 1 if strategy == "single" else max(1, ranks)
     p, fb = tr.trainable_params, tr.forward_backward.at_peak
@@ -103,12 +62,20 @@ def breakdown(tr: StepTrace, strategy: str, cfg: DictConfig, ranks: int) -> Brea
                  gradients=grads_fb / g_div, temporaries=float(fb.get("temporary", 0)), communication_buffers=comm_fb)
     at_opt = dict(resident, gradients=grads / g_div, temporaries=opt_temp / s_div, communication_buffers=comm_opt)
     fb_total, opt_total = sum(at_fb.values()), sum(at_opt.values())
-    return Breakdown(strategy, n, at_fb if fb_total >= opt_total else at_opt, fb_total, opt_total, tr)
+    return dict(ranks=n, peak=max(fb_total, opt_total), forward_backward=fb_total, optimizer_step=opt_total,
+                components=at_fb if fb_total >= opt_total else at_opt)
 
 
-def largest_batch(b: Breakdown, usable_bytes: float, limit: int = 1 << 20) -> int:
+def forward_backward_at(tr: StepTrace, b: dict, batch_size: int) -> float:
+    """The forward/backward total of `b` (a breakdown of `tr`) at another per-rank batch size: the traced timeline
+    with every storage whose first dimension is the batch rescaled (nothing else in it depends on the batch)."""
+    fb = tr.forward_backward
+    return b["forward_backward"] + fb.peak_at(batch_size / tr.batch_size) - fb.peak
+
+
+def largest_batch(tr: StepTrace, b: dict, usable_bytes: float, limit: int = 1 << 20) -> int:
     """The largest per-rank batch whose step fits in `usable_bytes` (allocated); 0 if not even one sample does."""
-    if b.optimizer_step > usable_bytes:
+    if b["optimizer_step"] > usable_bytes:
         return 0
     # forward_backward_at grows with the batch: the count of batches 1, 2, ... that fit is the largest
-    return bisect.bisect_right(range(1, limit), usable_bytes, key=b.forward_backward_at)
+    return bisect.bisect_right(range(1, limit), usable_bytes, key=lambda n: forward_backward_at(tr, b, n))

@@ -7,12 +7,10 @@ import logging
 import time
 
 import torch
-from hydra import compose as hydra_compose
-from hydra import initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
 
 from ampft import devices
-from ampft.config import CONF_DIR, Backend, Precision
+from ampft.config import Backend, Precision
 from ampft.devices import HF_ANCHOR, MEMORY_CLAIM, NVIDIA_ANCHOR, SLACK, TENSOR_CORE_SPEEDUP, TIME_CLAIM
 from ampft.estimate import memory
 from ampft.estimate import time as timing
@@ -29,12 +27,6 @@ HOLDS, FAILS, NOT_APPLICABLE = "holds", "does not hold", "not applicable"
 # StepTrace fields copied into estimate.json (`seconds` follows, rounded).
 TRACE_FIELDS = ("params", "weights", "gradients", "optimizer_state", "saved_activations", "saved_weight_casts",
                 "saved_by_dtype", "flops", "checkpointed_layers")
-
-
-def compose(overrides: list[str]) -> DictConfig:
-    """conf/estimate.yaml with overrides, outside a running Hydra app (tests, calibration)."""
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return hydra_compose(config_name="estimate", overrides=list(overrides))
 
 
 def _labels(task: DictConfig) -> tuple[list[str] | None, str]:
@@ -144,17 +136,18 @@ def estimate(cfg: DictConfig, command: str = "") -> dict:
     d = cfg.distributed
     world = int(d.num_processes) * int(d.num_machines)
     ranks = int(e.ranks or (world if world > 1 else 8))
-    over = memory.Overheads(float(e.cuda_context_gib), float(e.workspace_mib), float(e.allocator_overhead))
-    usable = over.usable(dev.memory_gib * memory.GIB, dev.kind)
+    # What a GPU holds beyond the step's allocated peak (the estimate.* keys; nothing on a CPU): the CUDA context,
+    # workspaces, and the allocator's slack, a fraction of the peak.
+    over = {k: float(e[k]) for k in ("cuda_context_gib", "workspace_mib", "allocator_overhead")}
+    fixed, slack = (over["cuda_context_gib"] * memory.GIB + over["workspace_mib"] * 2**20,
+                    over["allocator_overhead"]) if dev.kind == "cuda" else (0.0, 0.0)
+    usable = (dev.memory_gib * memory.GIB - fixed) / (1 + slack)
     rows = {}
     for p, tr in traces.items():
-        mem = {}
-        for s in memory.STRATEGIES:
-            b = memory.breakdown(tr, s, cfg, ranks)
-            mem[s] = dict(ranks=b.ranks, peak=b.peak, forward_backward=b.forward_backward,
-                          optimizer_step=b.optimizer_step, components=b.components,
-                          device_total=over.total(b.peak, dev.kind), fits=b.peak <= usable,
-                          largest_batch=memory.largest_batch(b, usable))
+        mem = {s: memory.breakdown(tr, s, cfg, ranks) for s in memory.STRATEGIES}
+        for b in mem.values():
+            b.update(device_total=b["peak"] * (1 + slack) + fixed, fits=b["peak"] <= usable,
+                     largest_batch=memory.largest_batch(tr, b, usable))
         t = timing.predict(tr, p, dev, e.efficiency)
         rows[p] = dict(precision=p, supported=t is not None, memory=mem, time=t,
                        trace={**{k: getattr(tr, k) for k in TRACE_FIELDS}, "seconds": round(tr.seconds, 2)})
@@ -168,7 +161,7 @@ def estimate(cfg: DictConfig, command: str = "") -> dict:
         grad_accum=int(cfg.trainer.grad_accum), precision=Precision(cfg.precision.name).value,
         precisions=precisions, strategy=chosen, ranks=ranks,
         gradient_checkpointing=bool(cfg.model.gradient_checkpointing),
-        device=dataclasses.asdict(dev), usable_bytes=usable, overheads=dataclasses.asdict(over),
+        device=dataclasses.asdict(dev), usable_bytes=usable, overheads=over,
         efficiency=(rows[precisions[0]]["time"] or {}).get("efficiency"), calibration=timing.CALIBRATION,
         rows=rows, verdicts=verdicts(rows, dev, cfg), notes=notes, warnings=warnings,
         seconds=round(time.perf_counter() - started, 1), torch=torch.__version__,
@@ -192,6 +185,6 @@ def predict_arms(cfgs: dict[str, DictConfig], env: dict) -> dict[str, dict]:
             continue
         t = timing.predict(tr, p, dev)
         out[arm] = dict(device=dev.label, step_seconds=t and t["seconds"],
-                        peak_bytes=memory.breakdown(tr, "single", cfg, 1).peak if dev.kind == "cuda" else None)
+                        peak_bytes=memory.breakdown(tr, "single", cfg, 1)["peak"] if dev.kind == "cuda" else None)
     return out
 

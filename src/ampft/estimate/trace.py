@@ -153,9 +153,7 @@ class StepTrace:
     """One traced training step; bytes unless named otherwise."""
 
     precision: str
-    target: str  # cuda | cpu: whose autocast op lists were applied
     batch_size: int
-    seq_len: int
     params: int
     trainable_params: int
     weights: int  # parameters and buffers, resident
@@ -284,8 +282,7 @@ def trace_step(model: torch.nn.Module, batch: dict, precision: str, target: str 
             p.grad = None
     casts = by_dtype.pop("weight_casts", 0)
     return StepTrace(
-        precision=precision, target=target, batch_size=int(batch["input_ids"].shape[0]),
-        seq_len=int(batch["input_ids"].shape[1]), params=sum(p.numel() for p in params),
+        precision=precision, batch_size=int(batch["input_ids"].shape[0]), params=sum(p.numel() for p in params),
         trainable_params=sum(p.numel() for p in params if p.requires_grad), weights=weights, gradients=grads,
         optimizer_state=state, saved_activations=sum(by_dtype.values()), saved_weight_casts=casts,
         saved_by_dtype=dict(by_dtype), forward_backward=fwd_bwd, optimizer_step=step_phase,
