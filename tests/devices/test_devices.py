@@ -40,7 +40,8 @@ def test_cuda_names_find_their_card(name, key):
 
 @pytest.fixture(scope="module")
 def tiny():
-    cfg = compose_config("estimate", ["model=tiny-bert", "precision=bf16", "trainer.batch_size=4", "task.max_length=32"])
+    cfg = compose_config("estimate", ["model=tiny-bert", "precision=bf16", "trainer.batch_size=4",
+                                      "task.max_length=32"])
     return cfg, trace_all(cfg, PRECISIONS, "cuda")[0]
 
 

@@ -79,7 +79,8 @@ def test_fp16_foreach_optimizer_needs_temporaries_that_fused_bf16_does_not(trace
 
 def test_peak_at_another_batch_matches_its_own_trace(traces):
     """The forward/backward peak rescaled to a quarter of the batch is the peak a trace at that batch finds."""
-    full, low = traces, trace_all(compose_config("estimate", [*OVERRIDES, "trainer.batch_size=2"]), ["bf16", "fp16"], "cuda")[0]
+    full, low = traces, trace_all(compose_config("estimate", [*OVERRIDES, "trainer.batch_size=2"]), ["bf16", "fp16"],
+                                  "cuda")[0]
     for p in ("bf16", "fp16"):
         scale = low[p].batch_size / full[p].batch_size
         assert full[p].forward_backward.peak_at(scale) == pytest.approx(low[p].forward_backward.peak, rel=0.02)

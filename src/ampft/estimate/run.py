@@ -58,7 +58,8 @@ def trace_all(cfg: DictConfig, precisions: list[str], target: str) -> tuple[dict
     traced = {}  # by the precision traced: tf32 runs fp32's dtypes
     for p in precisions:
         if (t := "fp32" if p == "tf32" else p) not in traced:
-            scaling = p == "fp16" and not (cfg.distributed.backend == Backend.deepspeed and memory.deepspeed_half(cfg, p))
+            deepspeed_half = cfg.distributed.backend == Backend.deepspeed and memory.deepspeed_half(cfg, p)
+            scaling = p == "fp16" and not deepspeed_half
             traced[t] = trace_step(model, batch, t, target, lambda mod, s=scaling: build_optimizer(
                 mod, cfg.optim, device, s), float(cfg.trainer.max_grad_norm), mode)
             log.info("traced %s: %.1f s", p, traced[t].seconds)
@@ -171,7 +172,8 @@ def estimate(cfg: DictConfig, command: str = "") -> dict:
 def predict_arms(cfgs: dict[str, DictConfig], env: dict) -> dict[str, dict]:
     """For `make benchmark` reports: each speed arm's predicted step time (and peak allocated on a GPU) on the device
     the benchmark ran on, next to what it measured. An arm that cannot be predicted is left out, with a warning."""
-    dev = devices.for_cuda_name(env.get("device_name", "")) if env.get("device_type") == "cuda" else timing.measure_cpu()
+    cuda = env.get("device_type") == "cuda"
+    dev = devices.for_cuda_name(env.get("device_name", "")) if cuda else timing.measure_cpu()
     if dev is None:
         log.warning("no prediction next to the measurements: %s is not in ampft.devices", env.get("device_name"))
         return {}
