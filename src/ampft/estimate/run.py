@@ -23,7 +23,6 @@ from ampft.validation import validate
 
 log = logging.getLogger(__name__)
 
-HOLDS, FAILS, NOT_APPLICABLE = "holds", "does not hold", "not applicable"
 # StepTrace fields copied into estimate.json (`seconds` follows, rounded).
 TRACE_FIELDS = ("params", "weights", "gradients", "optimizer_state", "saved_activations", "saved_weight_casts",
                 "saved_by_dtype", "flops", "checkpointed_layers")
@@ -77,7 +76,7 @@ def verdicts(rows: dict, dev: devices.Device, cfg: DictConfig) -> list[dict]:
     out, base = [], "fp32" in rows
 
     def add(claim, holds, predicted="", note=""):
-        verdict = NOT_APPLICABLE if holds is None else HOLDS if holds else FAILS
+        verdict = "not applicable" if holds is None else "holds" if holds else "does not hold"
         out.append(dict(claim=claim, verdict=verdict, predicted=predicted, note=note))
 
     sec = {p: r["time"]["seconds"] for p, r in rows.items() if r["time"]}
@@ -102,7 +101,7 @@ def verdicts(rows: dict, dev: devices.Device, cfg: DictConfig) -> list[dict]:
         claim = f"Tensor Cores ({p}) give 1.5-3x FP32's throughput"
         if dev.kind == "cpu":
             add(claim, None, "", "a CPU has no Tensor Cores")
-        elif not r["supported"] or (p == "tf32" and not dev.tflops.get("tf32")):
+        elif r["time"] is None or r["time"]["runs_as"] != p:
             add(claim, None, "", f"{dev.label} has no {p} Tensor Core path")
         else:
             s = sec["fp32"] / sec[p]
