@@ -7,6 +7,7 @@ instrument for `make estimate` (docs/benchmarks/estimate.md), outside the packag
     python scripts/validate_estimate.py --repredict rows.jsonl    # the same rows, predictions made again now
     python scripts/validate_estimate.py --checkpointing > gc.jsonl  # fp32 with and without gradient checkpointing
     python scripts/validate_estimate.py --checkpointing --setting bert-base,8,384   # one setting (MODEL,BATCH,LENGTH)
+    python scripts/validate_estimate.py --calibrate               # ampft.estimate.time.EFFICIENCY, recomputed
 
 Each setting is measured in a fresh process, so nothing of an earlier setting stays in its memory. The step's own
 peak: glibc is told to serve every allocation of 64 KiB or more by mmap (MALLOC_MMAP_THRESHOLD_=65536, set before the
@@ -27,6 +28,7 @@ import argparse
 import ctypes
 import gc
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -34,10 +36,11 @@ import sys
 import time
 from pathlib import Path
 
-from ampft.estimate import gpus
+from ampft.devices import GPUS, NVIDIA_ANCHOR
 from ampft.estimate import time as timing
-from ampft.estimate.run import _labels, compose, trace_all
+from ampft.estimate.run import _labels, trace_all
 from ampft.finetune import build_optimizer
+from ampft.launch import compose
 from ampft.models import build_model, load_tokenizer
 from ampft.tasks import family_for
 
@@ -56,7 +59,7 @@ def _status(key: str) -> int:
 
 
 def _overrides(model: str, batch: int, length: int, checkpointing: bool = False) -> list[str]:
-    return [f"model={model}", f"trainer.batch_size={batch}", f"task.max_length={length}", "estimate.gpu=cpu",
+    return [f"model={model}", f"trainer.batch_size={batch}", f"task.max_length={length}",
             f"model.gradient_checkpointing={str(checkpointing).lower()}"]
 
 
@@ -133,14 +136,31 @@ def predict(model: str, batch: int, length: int, precisions: list[str], cpu=None
 
     cfg = compose(_overrides(model, batch, length, checkpointing))
     traces = trace_all(cfg, precisions, "cpu")[0]
-    cpu = cpu or gpus.measure_cpu()
+    cpu = cpu or timing.measure_cpu()
     return {p: dict(peak=max(tr.forward_backward.peak, tr.optimizer_step.peak - tr.optimizer_state),
                     seconds=timing.predict(tr, p, cpu)["seconds"]) for p, tr in traces.items()}
 
 
+def calibration() -> dict:
+    """The efficiency factor: the geometric mean over NVIDIA's TF32 and FP16 points of roofline time / published
+    time, for BERT-large with a SQuAD head at 32 x 384 on the A100-80GB, traced for the A100
+    (docs/benchmarks/estimate.md, "Time: a roofline with one calibrated factor")."""
+    nv = NVIDIA_ANCHOR
+    cfg = compose(["model=bert-large", "task=squad", f"trainer.batch_size={nv['batch_size']}",
+                   f"task.max_length={nv['seq_len']}"])
+    traces = trace_all(cfg, ["tf32", "fp16"], "cuda")[0]
+    roof = {p: timing.roofline_seconds(traces[p], p, GPUS["a100-80gb"])["total"] for p in ("tf32", "fp16")}
+    ratios = {p: roof[p] / (nv["batch_size"] / nv[p]) for p in roof}
+    eff = math.exp(sum(math.log(r) for r in ratios.values()) / len(ratios))
+    return dict(efficiency=eff, per_point=ratios, published_speedup=nv["fp16"] / nv["tf32"],
+                model_speedup=roof["tf32"] / roof["fp16"],
+                source="NVIDIA DeepLearningExamples BERT (PyTorch) SQuAD fine-tuning, 1x A100-80GB, batch 32, seq 384: "
+                       "TF32 61.5, FP16 110.5 sequences/s")
+
+
 def validate(settings, timed: int = 3) -> list[dict]:
 
-    cpu = gpus.measure_cpu()
+    cpu = timing.measure_cpu()
     rows = []
     for model, batch, length in settings:
         measured = measure(model, batch, length, ["fp32", "bf16"], timed)
@@ -159,7 +179,7 @@ def validate(settings, timed: int = 3) -> list[dict]:
 def validate_checkpointing(settings, timed: int = 3) -> list[dict]:
     """fp32 with and without model.gradient_checkpointing: each one's step peak, and the time ratio of the two
     (alternating step by step in one process), measured and predicted."""
-    cpu = gpus.measure_cpu()
+    cpu = timing.measure_cpu()
     rows = []
     for model, batch, length in settings:
         measured = measure(model, batch, length, ["fp32"], timed, checkpointing=(False, True))
@@ -218,7 +238,7 @@ def markdown(rows: list[dict]) -> str:
 
 def repredict(rows: list[dict]) -> list[dict]:
 
-    cpu = gpus.measure_cpu()
+    cpu = timing.measure_cpu()
     for r in rows:
         if r.get("kind") == "checkpointing":
             for c in (False, True):
@@ -244,9 +264,12 @@ if __name__ == "__main__":
     ap.add_argument("--setting", action="append", help="MODEL,BATCH,LENGTH instead of the built-in list")
     ap.add_argument("--render")
     ap.add_argument("--repredict")
+    ap.add_argument("--calibrate", action="store_true", help="recompute ampft.estimate.time.EFFICIENCY")
     args = ap.parse_args()
     chosen = [(m, int(b), int(n)) for m, b, n in (x.split(",") for x in args.setting or [])]
-    if args.render or args.repredict:
+    if args.calibrate:
+        print(json.dumps(calibration(), indent=1))
+    elif args.render or args.repredict:
         rows = [json.loads(line) for line in Path(args.render or args.repredict).read_text().splitlines() if line]
         if args.render:
             kinds = {r.get("kind") for r in rows}

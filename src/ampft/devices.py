@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import platform
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -19,7 +19,6 @@ class Device:
     tflops: dict[str, float | None]  # dense peak per precision: fp32 (CUDA cores), tf32, fp16, bf16
     source: str
     kind: str = "cuda"  # cuda | cpu: whose autocast op lists apply
-    notes: list[str] = field(default_factory=list)
 
 
 GB = 1e9 / 2**30  # GiB per datasheet GB
@@ -86,9 +85,8 @@ HF_ANCHOR = dict(device="V100", model="bert-large", seq_len=512, batch_size=4, s
 
 
 # The CPU features without which fp16 autocast on a CPU is many times slower than fp32, and bf16 not fast.
-FP16_CPU_FLAGS = ("avx512_fp16", "amx_fp16")
-BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
-HALF_CPU_FLAGS = (*FP16_CPU_FLAGS, *BF16_CPU_FLAGS, "amx_tile")
+HALF_FLAGS = {"fp16": ("avx512_fp16", "amx_fp16"), "bf16": ("avx512_bf16", "amx_bf16")}
+HALF_CPU_FLAGS = (*HALF_FLAGS["fp16"], *HALF_FLAGS["bf16"], "amx_tile")
 CPU_SPEED_DOC = "docs/benchmarks/README.md#fp16-and-bf16-speed-by-kind-of-cpu"
 
 
@@ -115,7 +113,7 @@ def cpu_name(cpuinfo: str | None = None) -> str:
 
 def cpu_half_support(flags: set[str]) -> dict[str, list[str]]:
     """{"fp16": the native float16 features present, "bf16": the bfloat16 ones}; empty: no hardware path."""
-    return {"fp16": [f for f in FP16_CPU_FLAGS if f in flags], "bf16": [f for f in BF16_CPU_FLAGS if f in flags]}
+    return {p: [f for f in names if f in flags] for p, names in HALF_FLAGS.items()}
 
 
 def cpu_features() -> list[str]:

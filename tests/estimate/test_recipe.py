@@ -10,9 +10,9 @@ import sys
 import pytest
 
 from ampft.config import schema_fields
-from ampft.estimate.config import EstimateConfigError, check
-from ampft.estimate.run import compose
-from tests.helpers import ROOT
+from ampft.errors import ConfigError
+from ampft.estimate.config import check
+from tests.helpers import ROOT, compose_config
 
 
 def _run(tmp_path, *overrides):
@@ -30,7 +30,12 @@ def test_estimate_writes_every_precision_side_by_side(tmp_path):
     assert result["strategy"] == "fsdp2" and result["ranks"] == 4
     row = result["rows"]["bf16"]
     assert set(row["memory"]) == {"single", "ddp", "zero1", "zero2", "zero3", "fsdp2"}
-    assert row["memory"]["single"]["fits"] and row["memory"]["single"]["largest_batch"] > 8
+    single = row["memory"]["single"]
+    assert single["fits"] and single["largest_batch"] > 8
+    # The L4's 24 GB less the assumed CUDA context (0.5 GiB) and workspaces (32 MiB), over the allocator's 5% slack.
+    fixed = 0.5 * 2**30 + 32 * 2**20
+    assert result["usable_bytes"] == pytest.approx((24e9 - fixed) / 1.05)
+    assert single["device_total"] == pytest.approx(single["peak"] * 1.05 + fixed)
     assert row["time"]["seconds"] > 0 and result["verdicts"]
     md = (tmp_path / "estimate.md").read_text()
     assert "**Predictions**" in md and "FSDP2 (recipe)" in md and "NVIDIA L4" in md
@@ -51,8 +56,8 @@ def test_bad_values_are_refused_with_the_key_and_the_choices(tmp_path):
     assert r.returncode == 2 and "estimate.gpu=a100" in r.stderr and "a100-80gb" in r.stderr
     r = _run(tmp_path, "model=tiny-bert", "estimate.gpus=a100-80gb")
     assert r.returncode != 0 and "gpus" in r.stderr
-    with pytest.raises(EstimateConfigError) as err:
-        check(compose(["estimate.ranks=0", "estimate.efficiency=2", "estimate.allocator_overhead=-1"]).estimate)
+    with pytest.raises(ConfigError) as err:
+        check(compose_config("estimate", ["estimate.ranks=0", "estimate.efficiency=2", "estimate.allocator_overhead=-1"]).estimate)
     assert len(err.value.problems) == 3
 
 
@@ -67,7 +72,7 @@ def test_every_task_family_traces_with_its_own_head_and_targets(task):
     new family needs nothing in ampft.estimate: each of the four traces a step whose loss has a gradient."""
     from ampft.estimate.run import trace_all
 
-    cfg = compose(["model=tiny-bert", f"task={task}", "trainer.batch_size=4", "task.max_length=32"])
+    cfg = compose_config("estimate", ["model=tiny-bert", f"task={task}", "trainer.batch_size=4", "task.max_length=32"])
     step = trace_all(cfg, ["fp32"], "cpu")[0]["fp32"]
     # backward ran from the head's loss: an fp32 gradient for every trainable parameter
     assert step.gradients == 4 * step.trainable_params and step.saved_activations > 0 and step.flops > 0

@@ -8,8 +8,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from ampft.estimate.run import compose, trace_all
+from ampft.estimate import memory
+from ampft.estimate.run import trace_all
 from ampft.estimate.trace import fake_mode, trace_step
+from tests.helpers import compose_config
 
 B, D, H, C = 8, 16, 32, 4  # batch, input width, hidden width, classes
 
@@ -32,7 +34,7 @@ def _trace(precision: str, fake: bool, target: str = "cpu"):
         model = TwoLayer()
         batch = dict(input_ids=torch.randn(B, D), labels=torch.zeros(B, dtype=torch.long))
     return trace_step(model, batch, precision, target, lambda m: torch.optim.AdamW(m.parameters(), foreach=False),
-                      0.0, mode, flop_counter=True)
+                      0.0, mode)
 
 
 @pytest.mark.parametrize("fake", [True, False], ids=["fake", "real"])
@@ -46,7 +48,7 @@ def test_two_layer_fp32_matches_the_hand_count(fake):
     assert tr.saved_by_dtype == {"float32": 4 * (B * D + B * H + B * C + 1), "int64": 8 * B}
     assert tr.saved_weight_casts == 0
     # FLOPs: three matmuls per linear (forward, input gradient, weight gradient; fc1's input needs no gradient).
-    assert tr.forward_backward.flops == 2 * B * (D * H * 2 + H * C * 3) == tr.flop_counter_total
+    assert tr.forward_backward.flops == 2 * B * (D * H * 2 + H * C * 3)
 
 
 @pytest.mark.parametrize("target", ["cpu", "cuda"])
@@ -79,7 +81,7 @@ def test_cuda_policy_runs_layernorm_in_fp32():
         with mode:
             model = WithLayerNorm()
             batch = dict(input_ids=torch.randn(B, D), labels=torch.zeros(B, dtype=torch.long))
-        saved[target] = trace_step(model, batch, "bf16", target, mode=mode, optimizer=False).saved_by_dtype
+        saved[target] = trace_step(model, batch, "bf16", target, mode=mode).saved_by_dtype
     stats = 2 * B  # LayerNorm's mean and rstd: one number each per row
     assert saved["cpu"] == {"bfloat16": 2 * (B * D + 2 * B * H + stats), "float32": 4 * (B * C + 1), "int64": 8 * B}
     assert saved["cuda"] == {"bfloat16": 2 * (B * D + B * H), "float32": 4 * (B * C + 1 + B * H + stats),
@@ -94,7 +96,7 @@ def test_cuda_attention_keeps_no_seq_by_seq_tensors():
     def excess(target):
         a = {}
         for length in (128, 256):
-            cfg = compose(["model=tiny-bert", "trainer.batch_size=4", f"task.max_length={length}"])
+            cfg = compose_config("estimate", ["model=tiny-bert", "trainer.batch_size=4", f"task.max_length={length}"])
             a[length] = trace_all(cfg, ["fp32"], target)[0]["fp32"].saved_activations
         return a[256] - 2 * a[128]
 
@@ -117,12 +119,12 @@ def _hwm_bytes() -> int:
 @pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux /proc")
 def test_bert_large_32x384_traces_without_memory():
     """BERT-large at 32 x 384 needs about 25 GiB in fp32; its fake trace holds none of it."""
-    cfg = compose(["model=bert-large", "trainer.batch_size=32", "task.max_length=384"])
+    cfg = compose_config("estimate", ["model=bert-large", "trainer.batch_size=32", "task.max_length=384"])
     import ampft.models  # noqa: F401  (imports before the baseline)
 
     rss = _hwm_bytes()
     _peak_rss_reset()
     tr = trace_all(cfg, ["fp32"], "cuda")[0]["fp32"]
     grew = _hwm_bytes() - min(rss, _hwm_bytes())
-    assert tr.params > 330e6 and tr.peak() > 20 * 2**30
+    assert tr.params > 330e6 and memory.breakdown(tr, "single", cfg, 1)["peak"] > 20 * 2**30
     assert grew < 0.5 * 2**30, f"the trace grew the resident set by {grew / 2**30:.2f} GiB"

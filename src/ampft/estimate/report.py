@@ -58,24 +58,24 @@ def markdown(r: dict) -> str:
         out += [f"Command: `{r['command']}`", ""]
     out += [f"## One device ({gib(r['usable_bytes'])} GiB usable of {dev['memory_gib']:.1f} GiB)", "",
             *_table(SUMMARY_HEADER, summary_rows(r)), "",
-            "`largest batch`: per device, at this sequence length. `device needs`: the step's peak plus the "
-            "allocator's slack, the CUDA context and workspaces (estimate.* keys).", "",
-            f"## Memory breakdown at the peak, {r['precision']}, per rank ({r['ranks']} ranks where sharded)", ""]
+            "`largest batch`: per device, at this sequence length (below the recipe's batch: it does not fit). "
+            "`device needs`: the step's peak plus the allocator's slack, the CUDA context and workspaces (estimate.* "
+            "keys).", "",
+            f"## Memory per rank ({r['ranks']} ranks where sharded): {asked['precision']} at its peak, by component",
+            ""]
     mem, rows = asked["memory"], []
     strategies = list(mem)
     for c in LABELS:
         vals = [mem[s]["components"].get(c, 0) for s in strategies]
         if any(vals):
             rows.append([LABELS[c], *[gib(v) if v >= 1 << 20 or not v else f"{v:.0f} B" for v in vals]])
-    rows.append(["**step peak**", *[f"**{gib(mem[s]['peak'])}**" for s in strategies]])
-    rows.append(["fits / largest batch",
-                 *[f"{'yes' if mem[s]['fits'] else 'no'} / {mem[s]['largest_batch']}" for s in strategies]])
+    for p in r["precisions"]:
+        cells = [f"{gib(r['rows'][p]['memory'][s]['peak'])} / {r['rows'][p]['memory'][s]['largest_batch']}"
+                 for s in strategies]
+        rows.append([f"**{p}: step peak / largest batch**", *(f"**{c}**" for c in cells)] if p == asked["precision"]
+                    else [f"{p}: step peak / largest batch", *cells])
     names = [STRATEGY_NAMES[s] + (" (recipe)" if s == r["strategy"] else "") for s in strategies]
-    out += [*_table(["GiB per rank", *names], rows), "",
-            "## Every precision under each strategy (step peak GiB per rank / largest batch)", ""]
-    rows = [[p, *[f"{gib(r['rows'][p]['memory'][s]['peak'])} / {r['rows'][p]['memory'][s]['largest_batch']}"
-                  for s in strategies]] for p in r["precisions"]]
-    out += [*_table(["precision", *names], rows), "", "## Seed claims, judged on these predictions", "",
+    out += [*_table(["GiB per rank", *names], rows), "", "## Seed claims, judged on these predictions", "",
             *_table(["claim", "verdict", "predicted", "note"],
                     [[v["claim"], f"**{v['verdict']}**", v["predicted"], v["note"]] for v in r["verdicts"]]), ""]
     t = asked["trace"]
@@ -103,10 +103,7 @@ def console(r: dict) -> str:
     ckpt = ", gradient checkpointing" if r.get("gradient_checkpointing") else ""
     lines = [f"{r['model']} / {r['task']}, batch {r['batch_size']} x {r['seq_len']}, on {r['device']['label']} "
              f"({gib(r['usable_bytes'])} GiB usable){ckpt} -- PREDICTED"]
-    columns = {"precision": 12, "peak GiB": 9, "needs GiB": 9, "fits": 5, "max batch": 9, "mem/fp32": 8, "step ms": 8,
-               "samples/s": 9, "MFU": 5, "time/fp32": 8}  # header: width
-    lines += ["  ".join(str(c).replace("**", "").ljust(w) for c, w in zip(row, columns.values(), strict=True))
-              for row in [list(columns), *summary_rows(r)]]
+    lines += [row.replace("**", "") for row in _table(SUMMARY_HEADER, summary_rows(r))]
     c = _asked(r)["memory"]["single"]["components"]
     lines.append(f"{r['precision']}, one device: "
                  + ", ".join(f"{LABELS[k]} {gib(v)}" for k, v in c.items() if v >= 1 << 20))

@@ -5,38 +5,27 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from pathlib import Path
 
 import torch
-from hydra import compose as hydra_compose
-from hydra import initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
 
 from ampft import devices
-from ampft.config import CONF_DIR, Backend, Precision
+from ampft.config import Backend, Precision
 from ampft.devices import HF_ANCHOR, MEMORY_CLAIM, NVIDIA_ANCHOR, SLACK, TENSOR_CORE_SPEEDUP, TIME_CLAIM
-from ampft.estimate import gpus, memory
+from ampft.estimate import memory
 from ampft.estimate import time as timing
 from ampft.estimate.config import check
-from ampft.estimate.trace import fake_batch, fake_mode, trace_step
+from ampft.estimate.trace import StepTrace, fake_batch, fake_mode, trace_step
 from ampft.finetune import build_optimizer
 from ampft.models import build_model, load_tokenizer
-from ampft.precision import deepspeed_mode
 from ampft.tasks import family_for
 from ampft.validation import validate
 
 log = logging.getLogger(__name__)
 
-HOLDS, FAILS, NOT_APPLICABLE = "holds", "does not hold", "not applicable"
 # StepTrace fields copied into estimate.json (`seconds` follows, rounded).
 TRACE_FIELDS = ("params", "weights", "gradients", "optimizer_state", "saved_activations", "saved_weight_casts",
                 "saved_by_dtype", "flops", "checkpointed_layers")
-
-
-def compose(overrides: list[str], conf_dir: Path = CONF_DIR) -> DictConfig:
-    """conf/estimate.yaml with overrides, outside a running Hydra app (tests, calibration)."""
-    with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
-        return hydra_compose(config_name="estimate", overrides=list(overrides))
 
 
 def _labels(task: DictConfig) -> tuple[list[str] | None, str]:
@@ -49,24 +38,16 @@ def _labels(task: DictConfig) -> tuple[list[str] | None, str]:
                                         "labels; the head is a negligible part of the model")
 
 
-def deepspeed_half(cfg: DictConfig, precision: str) -> bool:
-    """Whether DeepSpeed would run this precision in its own 16-bit mode (`distributed.deepspeed_precision`)."""
-    return deepspeed_mode(OmegaConf.create({"name": precision}), cfg.distributed.deepspeed_precision) == "half"
-
-
-def trace_all(cfg: DictConfig, precisions: list[str], target: str, slope: bool = False):
-    """({precision: StepTrace} at the configured batch, {precision: StepTrace} of forward/backward at a quarter of it
-    when `slope` (the tests' check of `Phase.peak_at`), notes). tf32 reuses fp32's trace: the same dtypes."""
+def trace_all(cfg: DictConfig, precisions: list[str], target: str) -> tuple[dict[str, StepTrace], list[str]]:
+    """({precision: StepTrace} of the recipe's step, notes). tf32 reuses fp32's trace: the same dtypes."""
     m = OmegaConf.merge(cfg.model, {"pretrained": False})  # the architecture is all an estimate needs
     tokenizer = load_tokenizer(m)
     labels, note = _labels(cfg.task)
     notes = [note] if note else []
     family = family_for(cfg.task.family)
-    bs, seq = int(cfg.trainer.batch_size), int(cfg.task.max_length)
-    small_bs = max(1, bs // 4) if bs > 1 else 2
     with (mode := fake_mode()):
         model = build_model(m, tokenizer, labels, family, Precision.fp32, torch.device("cpu"))
-        batch, small = (fake_batch(family, b, seq, model.config.vocab_size) for b in (bs, small_bs))
+        batch = fake_batch(family, int(cfg.trainer.batch_size), int(cfg.task.max_length), model.config.vocab_size)
     if model.config._attn_implementation != "sdpa":
         notes.append(f"attention traced as {model.config._attn_implementation}")
     elif target == "cuda" and cfg.model.attn_implementation == "auto":
@@ -76,16 +57,12 @@ def trace_all(cfg: DictConfig, precisions: list[str], target: str, slope: bool =
     traced = {}  # by the precision traced: tf32 runs fp32's dtypes
     for p in precisions:
         if (t := "fp32" if p == "tf32" else p) not in traced:
-            scaling = p == "fp16" and not (cfg.distributed.backend == Backend.deepspeed and deepspeed_half(cfg, p))
-            traced[t] = [trace_step(model, batch, t, target, lambda mod, s=scaling: build_optimizer(
-                mod, cfg.optim, device, s), float(cfg.trainer.max_grad_norm), mode)]
-            if slope:
-                traced[t].append(trace_step(model, small, t, target, mode=mode, optimizer=False))
-            log.info("traced %s: %.1f s", p, traced[t][0].seconds)
-
-    def copies(i):
-        return {p: dataclasses.replace(traced["fp32" if p == "tf32" else p][i], precision=p) for p in precisions}
-    return copies(0), copies(1) if slope else {}, notes
+            deepspeed_half = cfg.distributed.backend == Backend.deepspeed and memory.deepspeed_half(cfg, p)
+            scaling = p == "fp16" and not deepspeed_half
+            traced[t] = trace_step(model, batch, t, target, lambda mod, s=scaling: build_optimizer(
+                mod, cfg.optim, device, s), float(cfg.trainer.max_grad_norm), mode)
+            log.info("traced %s: %.1f s", p, traced[t].seconds)
+    return {p: dataclasses.replace(traced["fp32" if p == "tf32" else p], precision=p) for p in precisions}, notes
 
 
 def _at_anchor(cfg: DictConfig, anchor: dict) -> bool:
@@ -99,7 +76,7 @@ def verdicts(rows: dict, dev: devices.Device, cfg: DictConfig) -> list[dict]:
     out, base = [], "fp32" in rows
 
     def add(claim, holds, predicted="", note=""):
-        verdict = NOT_APPLICABLE if holds is None else HOLDS if holds else FAILS
+        verdict = "not applicable" if holds is None else "holds" if holds else "does not hold"
         out.append(dict(claim=claim, verdict=verdict, predicted=predicted, note=note))
 
     sec = {p: r["time"]["seconds"] for p, r in rows.items() if r["time"]}
@@ -124,7 +101,7 @@ def verdicts(rows: dict, dev: devices.Device, cfg: DictConfig) -> list[dict]:
         claim = f"Tensor Cores ({p}) give 1.5-3x FP32's throughput"
         if dev.kind == "cpu":
             add(claim, None, "", "a CPU has no Tensor Cores")
-        elif not r["supported"] or (p == "tf32" and not dev.tflops.get("tf32")):
+        elif r["time"] is None or r["time"]["runs_as"] != p:
             add(claim, None, "", f"{dev.label} has no {p} Tensor Core path")
         else:
             s = sec["fp32"] / sec[p]
@@ -153,30 +130,28 @@ def estimate(cfg: DictConfig, command: str = "") -> dict:
     local = cfg.copy()
     local.trainer.cpu = True
     warnings = [w for w in validate(local) if not w.startswith(("precision=fp16 on CPU", "precision=tf32:"))]
-    dev = gpus.device(e.gpu)
+    dev = timing.measure_cpu() if e.gpu == "cpu" else devices.GPUS[e.gpu]
     precisions = [Precision(p).value for p in (e.precisions or Precision)]
-    full, _, notes = trace_all(cfg, precisions, dev.kind)
+    traces, notes = trace_all(cfg, precisions, dev.kind)
     d = cfg.distributed
     world = int(d.num_processes) * int(d.num_machines)
     ranks = int(e.ranks or (world if world > 1 else 8))
-    over = memory.Overheads(float(e.cuda_context_gib), float(e.workspace_mib), float(e.allocator_overhead))
-    usable = over.usable(dev.memory_gib * memory.GIB, dev.kind)
+    # What a GPU holds beyond the step's allocated peak (the estimate.* keys; nothing on a CPU): the CUDA context,
+    # workspaces, and the allocator's slack, a fraction of the peak.
+    over = {k: float(e[k]) for k in ("cuda_context_gib", "workspace_mib", "allocator_overhead")}
+    fixed, slack = (over["cuda_context_gib"] * memory.GIB + over["workspace_mib"] * 2**20,
+                    over["allocator_overhead"]) if dev.kind == "cuda" else (0.0, 0.0)
+    usable = (dev.memory_gib * memory.GIB - fixed) / (1 + slack)
     rows = {}
-    for p, tr in full.items():
-        sh = memory.Sharding(ranks, int(d.reduce_bucket_size), int(d.stage3_prefetch_bucket_size),
-                             bool(d.fsdp_reshard_after_forward), deepspeed_half(cfg, p))
-        mem = {}
-        for s in memory.STRATEGIES:
-            b = memory.breakdown(tr, s, sh, p == "fp16", int(cfg.trainer.grad_accum))
-            mem[s] = dict(ranks=b.ranks, peak=b.peak, forward_backward=b.forward_backward,
-                          optimizer_step=b.optimizer_step, components=b.components,
-                          device_total=over.total(b.peak, dev.kind), fits=b.peak <= usable,
-                          largest_batch=memory.largest_batch(b, usable))
-        ok = timing.supported(p, dev)
-        rows[p] = dict(precision=p, supported=ok, memory=mem,
-                       time=timing.predict(tr, p, dev, e.efficiency) if ok else None,
+    for p, tr in traces.items():
+        mem = {s: memory.breakdown(tr, s, cfg, ranks) for s in memory.STRATEGIES}
+        for b in mem.values():
+            b.update(device_total=b["peak"] * (1 + slack) + fixed, fits=b["peak"] <= usable,
+                     largest_batch=memory.largest_batch(tr, b, usable))
+        t = timing.predict(tr, p, dev, e.efficiency)
+        rows[p] = dict(precision=p, supported=t is not None, memory=mem, time=t,
                        trace={**{k: getattr(tr, k) for k in TRACE_FIELDS}, "seconds": round(tr.seconds, 2)})
-        if not ok:
+        if t is None:
             notes.append(f"{dev.label} has no {p} support: its memory is shown, no time")
     chosen = {Backend.single: "single", Backend.ddp: "ddp", Backend.fsdp: "fsdp2"}.get(
         Backend(d.backend), f"zero{d.zero_stage}" if d.zero_stage else "ddp")
@@ -186,7 +161,7 @@ def estimate(cfg: DictConfig, command: str = "") -> dict:
         grad_accum=int(cfg.trainer.grad_accum), precision=Precision(cfg.precision.name).value,
         precisions=precisions, strategy=chosen, ranks=ranks,
         gradient_checkpointing=bool(cfg.model.gradient_checkpointing),
-        device=dataclasses.asdict(dev), usable_bytes=usable, overheads=dataclasses.asdict(over),
+        device=dataclasses.asdict(dev), usable_bytes=usable, overheads=over,
         efficiency=(rows[precisions[0]]["time"] or {}).get("efficiency"), calibration=timing.CALIBRATION,
         rows=rows, verdicts=verdicts(rows, dev, cfg), notes=notes, warnings=warnings,
         seconds=round(time.perf_counter() - started, 1), torch=torch.__version__,
@@ -196,7 +171,8 @@ def estimate(cfg: DictConfig, command: str = "") -> dict:
 def predict_arms(cfgs: dict[str, DictConfig], env: dict) -> dict[str, dict]:
     """For `make benchmark` reports: each speed arm's predicted step time (and peak allocated on a GPU) on the device
     the benchmark ran on, next to what it measured. An arm that cannot be predicted is left out, with a warning."""
-    dev = devices.for_cuda_name(env.get("device_name", "")) if env.get("device_type") == "cuda" else gpus.measure_cpu()
+    cuda = env.get("device_type") == "cuda"
+    dev = devices.for_cuda_name(env.get("device_name", "")) if cuda else timing.measure_cpu()
     if dev is None:
         log.warning("no prediction next to the measurements: %s is not in ampft.devices", env.get("device_name"))
         return {}
@@ -208,21 +184,8 @@ def predict_arms(cfgs: dict[str, DictConfig], env: dict) -> dict[str, dict]:
         except Exception as exc:  # a prediction must never cost the measurement
             log.warning("no prediction for arm %s: %s", arm, exc)
             continue
-        t = timing.predict(tr, p, dev) if timing.supported(p, dev) else None
+        t = timing.predict(tr, p, dev)
         out[arm] = dict(device=dev.label, step_seconds=t and t["seconds"],
-                        peak_bytes=tr.peak() if dev.kind == "cuda" else None)
+                        peak_bytes=memory.breakdown(tr, "single", cfg, 1)["peak"] if dev.kind == "cuda" else None)
     return out
 
-
-def calibration() -> dict:
-    """`time.calibrate` on BERT-large with a SQuAD head at NVIDIA's batch and length, traced for the A100."""
-    nv = NVIDIA_ANCHOR
-    cfg = compose(["model=bert-large", "task=squad", f"trainer.batch_size={nv['batch_size']}",
-                   f"task.max_length={nv['seq_len']}"])
-    return timing.calibrate(trace_all(cfg, ["tf32", "fp16"], "cuda")[0])
-
-
-if __name__ == "__main__":  # python -m ampft.estimate.run: the efficiency factor, recomputed
-    import json
-
-    print(json.dumps(calibration(), indent=1))

@@ -1,20 +1,49 @@
 """Step time from a traced step: a roofline per op, one efficiency factor calibrated on NVIDIA's published figures
 (docs/benchmarks/estimate.md, "Time: a roofline with one calibrated factor"), applied unchanged to every device,
-precision, model and shape: the reason these are predictions.
+precision, model and shape: the reason these are predictions. For `estimate.gpu=cpu` the rates are this machine's,
+measured (`measure_cpu`).
 """
 
 from __future__ import annotations
 
-import math
+import os
+import time
 
-from ampft.devices import GPUS, NVIDIA_ANCHOR, Device
+import torch
+
+from ampft.devices import Device, cpu_name
 from ampft.estimate.trace import StepTrace
 
-# From calibrate() with this tree (torch 2.13): see the module docstring. Recomputed by `python -m ampft.estimate.run`
-# and checked by tests/estimate/test_time.py::test_calibration_constant_is_current (slow).
+# From the calibration with this tree (torch 2.13): see the module docstring. Recomputed by
+# `python scripts/validate_estimate.py --calibrate` and checked by
+# tests/estimate/test_time.py::test_calibration_constant_is_current (slow).
 EFFICIENCY = 0.808
 CALIBRATION = dict(efficiency=EFFICIENCY, per_point=dict(tf32=0.754, fp16=0.867), published_speedup=1.797,
                    model_speedup=1.563, torch="2.13.0")
+
+
+def _rate(fn, work: float, seconds: float = 0.3) -> float:
+    fn()  # warm-up (oneDNN primitive creation)
+    n, start = 0, time.perf_counter()
+    while (elapsed := time.perf_counter() - start) < seconds or n < 2:
+        fn()
+        n += 1
+    return work * n / elapsed
+
+
+def measure_cpu(tokens: int = 512, width: int = 384) -> Device:
+    """This machine as a device: achieved TFLOP/s of a BERT feed-forward-shaped linear per dtype (a square `a @ a`
+    takes a much slower bf16 path on AVX2-only CPUs), copy bandwidth (about 2 s in all), and its RAM."""
+    tflops: dict[str, float | None] = {}
+    for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16), ("fp16", torch.float16)):
+        x, w = torch.randn(tokens, width, dtype=dtype), torch.randn(4 * width, width, dtype=dtype)
+        tflops[name] = _rate(lambda x=x, w=w: torch.nn.functional.linear(x, w), 2 * tokens * width * 4 * width) / 1e12
+    tflops["tf32"] = tflops["fp32"]  # no TF32 on a CPU: tf32 runs as fp32
+    x, y = torch.empty(64 * 2**20 // 4), torch.empty(64 * 2**20 // 4)  # 64 MiB of fp32 each
+    bandwidth = _rate(lambda: y.copy_(x), 2 * x.nbytes) / 1e9
+    pages = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 0
+    return Device("cpu", f"{cpu_name()} ({torch.get_num_threads()} threads)", pages / 2**30, bandwidth, tflops,
+                  "measured on this machine now: a 512x384 by 384x1536 linear layer per dtype and a 64 MiB copy", kind="cpu")
 
 
 def op_seconds(flops: int, moved: int, dtype: str, precision: str, dev: Device) -> float:
@@ -43,34 +72,17 @@ def roofline_seconds(tr: StepTrace, precision: str, dev: Device) -> dict[str, fl
     return out
 
 
-def supported(precision: str, dev: Device) -> bool:
-    """Whether the device runs `precision` at all (V100/T4: no bf16; tf32 without TF32 runs as fp32)."""
-    return precision in ("fp32", "tf32") or dev.tflops.get(precision) is not None
-
-
-def predict(tr: StepTrace, precision: str, dev: Device, efficiency: float | None = None) -> dict:
-    """Predicted step time, throughput and the MFU it assumes, for `precision` on `dev`."""
+def predict(tr: StepTrace, precision: str, dev: Device, efficiency: float | None = None) -> dict | None:
+    """Predicted step time, throughput and the MFU it assumes, for `precision` on `dev`; None where the device does
+    not run `precision` (V100/T4: no bf16; tf32 without TF32 runs as fp32)."""
+    ran = precision if precision != "tf32" or dev.tflops.get("tf32") else "fp32"
+    peak = dev.tflops.get(ran)
+    if peak is None:
+        return None
     eff = efficiency if efficiency is not None else (1.0 if dev.kind == "cpu" else EFFICIENCY)
     roof = roofline_seconds(tr, precision, dev)
     seconds = roof["total"] / eff
-    ran = precision if precision != "tf32" or dev.tflops.get("tf32") else "fp32"
-    peak = dev.tflops.get(ran)
-    mfu = tr.flops / seconds / (peak * 1e12) if peak else None
     return dict(precision=precision, runs_as=ran, seconds=seconds, samples_per_second=tr.batch_size / seconds,
-                tflops=tr.flops / seconds / 1e12, mfu=mfu, efficiency=eff,
+                tflops=tr.flops / seconds / 1e12, mfu=tr.flops / seconds / (peak * 1e12), efficiency=eff,
                 roofline_seconds=roof["total"], compute_bound_share=roof["compute_bound_share"],
                 optimizer_seconds=roof["optimizer_step"] / eff)
-
-
-def calibrate(traces: dict[str, StepTrace]) -> dict:
-    """Efficiency = geometric mean over NVIDIA's TF32 and FP16 points of roofline time / published time, for
-    BERT-large with a SQuAD head at 32 x 384 on the A100-80GB (`traces`: its tf32 and fp16 steps, traced by
-    `ampft.estimate.run.calibration`)."""
-    nv = NVIDIA_ANCHOR
-    roof = {p: roofline_seconds(traces[p], p, GPUS["a100-80gb"])["total"] for p in ("tf32", "fp16")}
-    ratios = {p: roof[p] / (nv["batch_size"] / nv[p]) for p in roof}
-    eff = math.exp(sum(math.log(r) for r in ratios.values()) / len(ratios))
-    return dict(efficiency=eff, per_point=ratios, published_speedup=nv["fp16"] / nv["tf32"],
-                model_speedup=roof["tf32"] / roof["fp16"],
-                source="NVIDIA DeepLearningExamples BERT (PyTorch) SQuAD fine-tuning, 1x A100-80GB, batch 32, seq 384: "
-                       "TF32 61.5, FP16 110.5 sequences/s")

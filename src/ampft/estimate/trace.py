@@ -56,19 +56,16 @@ class CudaPolicy(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-# CPU's fused attention kernels are absent from torch's formula table; they compute what the CUDA ones do. On shapes,
-# as FlopCounterMode's custom_mapping takes them (`_EXTRA`: on tensors, as torch's table holds them).
+# CPU's fused attention kernels are absent from torch's formula table; they compute what the CUDA ones do (on
+# shapes, as FlopCounterMode's custom_mapping takes them).
 EXTRA_FLOPS = {
     aten._scaled_dot_product_flash_attention_for_cpu: lambda q, k, v, *_, **__: fc.sdpa_flop_count(q, k, v),
     aten._scaled_dot_product_flash_attention_for_cpu_backward:
         lambda g, q, k, v, *_, **__: fc.sdpa_backward_flop_count(g, q, k, v),
 }
-_EXTRA = {op: fc.shape_wrapper(f) for op, f in EXTRA_FLOPS.items()}
-
-
-def op_flops(func, args, kwargs, out) -> int:
-    formula = fc.flop_registry.get(func.overloadpacket) or _EXTRA.get(func.overloadpacket)
-    return int(formula(*args, **kwargs, out_val=out)) if formula else 0
+# FlopCounterMode's formulas per op (torch's table with the above), applied op by op: the roofline needs each op's
+# FLOPs, not the total. Entering FlopCounterMode itself would double a trace's time (its module tracking).
+FLOP_FORMULAS = fc.FlopCounterMode(display=False, custom_mapping=EXTRA_FLOPS).flop_registry
 
 
 @dataclass
@@ -143,7 +140,8 @@ class _Live(TorchDispatchMode):
         if total > ph.peak:
             ph.peak, ph.at_peak = total, dict(+self.by_cat)
         if not func.is_view:
-            flops = op_flops(func, args, kwargs, out)
+            formula = FLOP_FORMULAS.get(func.overloadpacket)
+            flops = int(formula(*args, **kwargs, out_val=out)) if formula else 0
             ph.flops += flops
             dtype = str(ins[0].dtype if ins else (outs[0].dtype if outs else "")).removeprefix("torch.")
             ph.ops.append((flops, sum(t.numel() * t.element_size() for t in ins) + new, dtype))  # read, write once
@@ -155,9 +153,7 @@ class StepTrace:
     """One traced training step; bytes unless named otherwise."""
 
     precision: str
-    target: str  # cuda | cpu: whose autocast op lists were applied
     batch_size: int
-    seq_len: int
     params: int
     trainable_params: int
     weights: int  # parameters and buffers, resident
@@ -169,7 +165,6 @@ class StepTrace:
     forward_backward: Phase
     optimizer_step: Phase
     largest_block_params: int  # one transformer layer (what FSDP / ZeRO-3 gather at a time)
-    flop_counter_total: int | None  # FlopCounterMode's own forward + backward total, when asked (a cross-check)
     seconds: float
     # Layers whose forward the backward pass recomputed (model.gradient_checkpointing); 0: none. Their FLOPs and
     # temporaries are in `forward_backward`; only their inputs are in `saved_activations`.
@@ -178,10 +173,6 @@ class StepTrace:
     @property
     def flops(self) -> int:
         return self.forward_backward.flops + self.optimizer_step.flops
-
-    def peak(self) -> int:
-        """Steady-state peak of one step: the optimizer step's peak already holds gradients and state."""
-        return self.weights + max(self.optimizer_state + self.forward_backward.peak, self.optimizer_step.peak)
 
 
 def fake_mode() -> FakeTensorMode:
@@ -234,11 +225,10 @@ def _nbytes(tensors) -> int:
 
 
 def trace_step(model: torch.nn.Module, batch: dict, precision: str, target: str = "cuda",
-               make_optimizer=None, max_grad_norm: float = 1.0, mode=None, optimizer: bool = True,
-               flop_counter: bool = False) -> StepTrace:
-    """Trace forward + backward (+ clipping and the optimizer step) of `model` on `batch`, both made inside `mode`
-    (the FakeTensorMode), or real with mode=None (how the tests check the counting against real memory).
-    flop_counter: also run FlopCounterMode, a cross-check in `flop_counter_total`."""
+               make_optimizer=None, max_grad_norm: float = 1.0, mode=None) -> StepTrace:
+    """Trace forward + backward (+ clipping and the step of `make_optimizer(model)`'s optimizer, if given) of `model`
+    on `batch`, both made inside `mode` (the FakeTensorMode), or real with mode=None (how the tests check the
+    counting against real memory)."""
     started = time.perf_counter()
     params = list(model.parameters())
     for p in params:  # the step starts as the engine's do, after zero_grad(set_to_none=True)
@@ -262,13 +252,12 @@ def trace_step(model: torch.nn.Module, batch: dict, precision: str, target: str 
                if p.requires_grad]
     null = contextlib.nullcontext()
     autocast = torch.autocast("cpu", dtype=HALF[precision]) if precision in HALF else null
-    counter = fc.FlopCounterMode(display=False, custom_mapping=EXTRA_FLOPS) if flop_counter else None
     state = 0
     try:
         with mode if mode is not None else null:
-            opt = make_optimizer(model) if (optimizer and make_optimizer) else None
+            opt = make_optimizer(model) if make_optimizer else None
             model.train()
-            with counter if counter is not None else null, live:
+            with live:
                 with (torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast,
                       CudaPolicy() if target == "cuda" else null):
                     loss = model(**batch).loss
@@ -293,12 +282,10 @@ def trace_step(model: torch.nn.Module, batch: dict, precision: str, target: str 
             p.grad = None
     casts = by_dtype.pop("weight_casts", 0)
     return StepTrace(
-        precision=precision, target=target, batch_size=int(batch["input_ids"].shape[0]),
-        seq_len=int(batch["input_ids"].shape[1]), params=sum(p.numel() for p in params),
+        precision=precision, batch_size=int(batch["input_ids"].shape[0]), params=sum(p.numel() for p in params),
         trainable_params=sum(p.numel() for p in params if p.requires_grad), weights=weights, gradients=grads,
         optimizer_state=state, saved_activations=sum(by_dtype.values()), saved_weight_casts=casts,
         saved_by_dtype=dict(by_dtype), forward_backward=fwd_bwd, optimizer_step=step_phase,
         largest_block_params=largest_block(model),
-        flop_counter_total=int(counter.get_total_flops()) if counter is not None else None,
         seconds=time.perf_counter() - started, checkpointed_layers=len(recomputed),
     )
