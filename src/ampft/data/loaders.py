@@ -66,7 +66,7 @@ def _loader_kwargs(cfg: DictConfig, device: torch.device) -> dict:
 def inference_dataloader(cfg: DictConfig, family: Family, dataset: Dataset, tokenizer: PreTrainedTokenizerBase,
                          device: torch.device, model=None) -> DataLoader:
     """Features in `dataset`'s order, in evaluation batches, model inputs only: evaluation and `make predict`."""
-    collate = family.collator(tokenizer, **padding(cfg, tokenizer, device))
+    collate = family.collator_class(tokenizer, **padding(cfg, tokenizer, device))
     tr = cfg.trainer
     return DataLoader(dataset.select_columns(model_columns(family.model_inputs, dataset.column_names, model)),
                       batch_size=tr.eval_batch_size or 2 * tr.batch_size, collate_fn=collate,
@@ -85,7 +85,7 @@ def build_dataloaders(cfg: DictConfig, data: TaskData, tokenizer: PreTrainedToke
     global batches (`batch_size` x `num_processes`): Accelerate deals consecutive batches to the ranks in turn."""
     tr = cfg.trainer
     pad = padding(cfg, tokenizer, device)
-    collate = data.family.collator(tokenizer, **pad)
+    collate = data.family.collator_class(tokenizer, **pad)
     train = data.train.select_columns(model_columns(data.family.model_inputs, data.train.column_names, model))
     if tr.group_by_length:
         sampler = LengthGroupedSampler(data.train["length"][:], tr.batch_size * num_processes, tr.seed,
