@@ -64,7 +64,6 @@ def test_read_real_conll(conll):
     }
     # test.txt ends without a blank line: its last sentence is still there.
     assert conll["test"][-1]["tokens"][-1] == "." and conll["test"][-1]["tags"][-1] == "O"
-    assert label_list(conll.values()) == LABELS
     assert label_list(datasets.DatasetDict(conll)) == LABELS
 
 
@@ -161,8 +160,7 @@ def test_alignment_left_padding(tokenizer):
     assert out["word_ids"] == [None] * pad + WORD_IDS
     assert out["attention_mask"] == [0] * pad + [1] * len(PIECES)
     assert out["labels"] == [IGNORE_INDEX] * pad + align(tokenizer)["labels"]
-    logits = np.eye(len(LABELS))[np.maximum(out["labels"], 0)]
-    assert predictions_to_tags([logits], [out["word_ids"]], LABELS) == [TAGS]
+    assert predictions_to_tags([np.maximum(out["labels"], 0)], [out["word_ids"]], LABELS) == [TAGS]
 
 
 # ---- predictions back to word tags -----------------------------------------------------------------
@@ -173,12 +171,10 @@ def test_predictions_to_tags_first_subtoken_wins():
                "B-MISC", "O")
     expected = [TAGS]
     assert predictions_to_tags([pred], [WORD_IDS], LABELS) == expected
-    # Logits, as one padded batch array ([features, tokens, labels]) or a torch tensor: same result.
-    logits = np.full((1, 24, len(LABELS)), -1.0)
-    logits[0, np.arange(len(pred)), pred] = 1.0
-    assert predictions_to_tags(logits, [WORD_IDS], LABELS) == expected
-    assert predictions_to_tags(torch.tensor(logits, dtype=torch.bfloat16), [WORD_IDS], dict(enumerate(LABELS))) \
-        == expected
+    # As one batch array padded past the feature ([features, tokens]), labels by id: same result.
+    padded = np.zeros((1, 24), dtype=np.int64)
+    padded[0, :len(pred)] = pred
+    assert predictions_to_tags(padded, [WORD_IDS], dict(enumerate(LABELS))) == expected
 
 
 @pytest.mark.data
@@ -189,13 +185,12 @@ def test_perfect_predictions_on_real_validation(conll, tokenizer):
     # Every word has its first piece labelled; ignore positions are -100.
     assert all(sum(x != IGNORE_INDEX for x in labels) == len(tags)
                for labels, tags in zip(feats["labels"], valid["tags"], strict=True))
-    # A padded batch of "logits" that put each labelled token on its gold label.
+    # A padded batch of predictions that put each labelled token on its gold label.
     width = max(map(len, feats["labels"]))
-    logits = np.zeros((len(feats), width, len(LABELS)), dtype=np.float32)
+    predicted = np.zeros((len(feats), width), dtype=np.int64)
     for i, labels in enumerate(feats["labels"]):
-        labels = np.asarray(labels)
-        logits[i, np.flatnonzero(labels >= 0), labels[labels >= 0]] = 1.0
-    tags = predictions_to_tags(logits, feats["word_ids"], LABELS, num_words=[len(t) for t in valid["tags"]])
+        predicted[i, :len(labels)] = np.maximum(labels, 0)
+    tags = predictions_to_tags(predicted, feats["word_ids"], LABELS, num_words=[len(t) for t in valid["tags"]])
     assert tags == list(valid["tags"])
     scores = seqeval.scores(tags, valid["tags"])
     assert scores["f1"] == scores["precision"] == scores["recall"] == scores["accuracy"] == 100.0
@@ -312,7 +307,7 @@ def test_wiring_with_collator_and_model(conll, tokenizer):
     with torch.inference_mode():
         out = model(**batch)
     assert torch.isfinite(out.loss)
-    tags = predictions_to_tags(out.logits, feats["word_ids"], model.config.id2label,
+    tags = predictions_to_tags(out.logits.argmax(-1), feats["word_ids"], model.config.id2label,
                                num_words=[len(t) for t in feats["tags"]])
     assert [len(t) for t in tags] == [len(t) for t in valid["tags"]] and {x for t in tags for x in t} <= set(LABELS)
     assert 0 <= seqeval.scores(tags, feats["tags"])["f1"] <= 100

@@ -42,27 +42,25 @@ def check_answers(ds: Dataset, task: DictConfig, split: str) -> None:
     rows = ds.select_columns(COLUMNS)
     empty = [r["id"] for r in rows if not r["question"].strip() or not r["context"].strip()]
     check_empty_texts(empty, len(ds), task, source, f"question or context ({_ids(empty)})")
-    found = []
-    bad = squad.misaligned_answers(ds)
-    if bad:
-        answered = sum(1 for a in ds["answers"] if a["text"])
-        found.append((bad, answered, f"{len(bad)} of {answered} answered questions have an answer_start that does "
-                                     f"not point at their answer text in the context ({_ids(bad)})",
-                      "fix answer_start (character offsets into the context, counted from 0)"))
-    if not task.version_2:
-        unanswered = [r["id"] for r in rows if not r["answers"]["text"]]
-        if unanswered:
-            found.append((unanswered, len(ds), f"{len(unanswered)} of {len(ds)} questions have no answer (answers: "
-                                               f"[], {_ids(unanswered)}), which SQuAD v1.1 (task.version_2=false) "
-                                               "does not have",
-                          "give them their answers, or use task.version_2=true (task=squad_v2) for a file with "
-                          "unanswerable questions"))
-    for ids, among, what, fix in found:
+
+    def refuse_or_warn(ids: list[str], among: int, what: str, fix: str) -> None:
         msg = f"{source}: {what}; they would be trained as \"no answer\""
         if len(ids) > task.max_misaligned_answers * among:
             raise DataError(f"{msg}. That is more than task.max_misaligned_answers={task.max_misaligned_answers} of "
                             f"them: {fix}, or raise task.max_misaligned_answers to train with them as they are")
         log.warning("%s (within task.max_misaligned_answers=%s)", msg, task.max_misaligned_answers)
+
+    if bad := squad.misaligned_answers(ds):
+        answered = sum(1 for a in ds["answers"] if a["text"])
+        refuse_or_warn(bad, answered, f"{len(bad)} of {answered} answered questions have an answer_start that does "
+                                      f"not point at their answer text in the context ({_ids(bad)})",
+                       "fix answer_start (character offsets into the context, counted from 0)")
+    unanswered = [] if task.version_2 else [r["id"] for r in rows if not r["answers"]["text"]]
+    if unanswered:
+        refuse_or_warn(unanswered, len(ds), f"{len(unanswered)} of {len(ds)} questions have no answer (answers: [], "
+                                            f"{_ids(unanswered)}), which SQuAD v1.1 (task.version_2=false) does not have",
+                       "give them their answers, or use task.version_2=true (task=squad_v2) for a file with "
+                       "unanswerable questions")
 
 
 def _span_logits(accelerator: Accelerator, out) -> tuple[torch.Tensor, torch.Tensor]:
