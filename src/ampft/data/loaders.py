@@ -48,17 +48,13 @@ def padding(cfg: DictConfig, tokenizer: PreTrainedTokenizerBase, device: torch.d
     return dict(padding="longest", max_length=None, pad_to_multiple_of=multiple)
 
 
-def num_workers(cfg: DictConfig, device: torch.device) -> int:
-    """trainer.num_workers, or (null) 2 on CUDA (collating overlaps GPU work), 0 on CPU (its cores train)."""
-    if cfg.trainer.num_workers is not None:
-        return cfg.trainer.num_workers
-    return 2 if device.type == "cuda" else 0
-
-
 def _loader_kwargs(cfg: DictConfig, device: torch.device) -> dict:
+    # trainer.num_workers null: 2 on CUDA (collating overlaps GPU work), 0 on CPU (its cores train).
+    workers = cfg.trainer.num_workers
+    if workers is None:
+        workers = 2 if device.type == "cuda" else 0
     # Own generators: creating an iterator must not draw from the global RNG, or a resumed run's dropout
     # masks (restored RNG state, then a fresh iterator) would differ from the uninterrupted run's.
-    workers = num_workers(cfg, device)
     return dict(num_workers=workers, pin_memory=device.type == "cuda", persistent_workers=workers > 0,
                 generator=torch.Generator().manual_seed(cfg.trainer.seed))
 
