@@ -135,14 +135,10 @@ def load_tokenizer_from(location: str | Path, what: str, key: str) -> PreTrained
         return AutoTokenizer.from_pretrained(path)
 
 
-def _model_config(m: DictConfig, tokenizer: PreTrainedTokenizerBase, **task_kwargs) -> PretrainedConfig:
-    if m.pretrained:
-        path = check_loadable(m.name_or_path, f"model {m.name}", "model.name_or_path", needs=("config", "weights"))
-        with loading(f"model {m.name}", "model.name_or_path", m.name_or_path):
-            return AutoConfig.from_pretrained(path, **task_kwargs)
+def _arch_config(m: DictConfig, tokenizer: PreTrainedTokenizerBase, **task_kwargs) -> PretrainedConfig:
+    """The architecture of model.arch, with the vocabulary of the offline tokenizer (random init)."""
     arch = OmegaConf.to_container(m.arch, resolve=True)
     model_type = arch.pop("model_type")
-    # The offline tokenizer decides the vocabulary; the architecture is otherwise the model's own.
     arch["vocab_size"] = len(tokenizer)
     arch.setdefault("pad_token_id", tokenizer.pad_token_id)
     with loading(f"model {m.name}", "model.arch.model_type", model_type):
@@ -182,15 +178,14 @@ def build_model(
     precision: Precision | str = Precision.fp32, device: torch.device | None = None,
 ) -> PreTrainedModel:
     """`family.model_class` with `family.model_kwargs(labels)`; the attention in use: `config._attn_implementation`."""
-    config = _model_config(m, tokenizer, **family.model_kwargs(labels))
     attn = attention_implementation(m.attn_implementation, precision, device)
-    auto = family.model_class
+    task_kwargs = family.model_kwargs(labels)
     if m.pretrained:
-        path = str(Path(resolve_path(m.name_or_path)).expanduser())
+        path = check_loadable(m.name_or_path, f"model {m.name}", "model.name_or_path", needs=("config", "weights"))
         with loading(f"model {m.name}", "model.name_or_path", m.name_or_path):
-            model = auto.from_pretrained(path, config=config, attn_implementation=attn)
+            model = family.model_class.from_pretrained(path, **task_kwargs, attn_implementation=attn)
     else:
-        model = auto.from_config(config, attn_implementation=attn)
+        model = family.model_class.from_config(_arch_config(m, tokenizer, **task_kwargs), attn_implementation=attn)
     if m.gradient_checkpointing:
         enable_gradient_checkpointing(model, m.name)
     n = sum(p.numel() for p in model.parameters())

@@ -488,14 +488,6 @@ def test_all_bad_values_are_reported_together():
         assert any(p.startswith(named + ":") for p in err.value.problems), named
 
 
-def test_defaults_and_shipped_task_configs_pass_the_range_checks():
-    for task in ("demo", "sst2", "stsb", "conll2003", "squad", "squad_v2"):
-        cfg = compose_config("finetune", [f"task={task}"])
-        from ampft.validation import range_problems
-
-        assert range_problems(cfg) == [], task
-
-
 def test_bad_values_fail_before_data_or_model_loading(tmp_path):
     proc = _run([sys.executable, "recipes/finetune.py", *TINY, "trainer.eval_batch_size=-1", "optim.betas=[2,3]",
                  f"hydra.run.dir={tmp_path}"])

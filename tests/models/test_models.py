@@ -10,7 +10,7 @@ import torch
 
 from ampft.models import (
     ModelLoadError,
-    _model_config,
+    _arch_config,
     attention_implementation,
     build_model,
     load_tokenizer,
@@ -47,7 +47,7 @@ def test_offline_hub_name_fails_fast_with_the_ways_out(compose):
 def test_random_init_builds_the_real_architecture_offline(compose, name, layers, hidden):
     cfg = compose([f"model={name}", "model.pretrained=false"])
     tok = load_tokenizer(cfg.model)
-    config = _model_config(cfg.model, tok, num_labels=2)
+    config = _arch_config(cfg.model, tok, num_labels=2)
     assert config.num_hidden_layers == layers and config.hidden_size == hidden
     assert config.vocab_size == len(tok)
 

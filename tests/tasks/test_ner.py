@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from ampft.tasks.token_classification import seqeval
 from ampft.tasks.token_classification.conll import (
     IGNORE_INDEX,
     encode_tags,
@@ -18,7 +19,7 @@ from ampft.tasks.token_classification.conll import (
     read_conll,
     tokenize_and_align,
 )
-from ampft.tasks.token_classification.seqeval import Seqeval, entities
+from ampft.tasks.token_classification.seqeval import entities
 from tests.helpers import shared
 
 LABELS = ["O", "B-LOC", "B-MISC", "B-ORG", "B-PER", "I-LOC", "I-MISC", "I-ORG", "I-PER"]
@@ -63,7 +64,6 @@ def test_read_real_conll(conll):
     }
     # test.txt ends without a blank line: its last sentence is still there.
     assert conll["test"][-1]["tokens"][-1] == "." and conll["test"][-1]["tags"][-1] == "O"
-    assert label_list(conll.values()) == LABELS
     assert label_list(datasets.DatasetDict(conll)) == LABELS
 
 
@@ -71,7 +71,7 @@ def test_read_real_conll(conll):
 def test_real_test_file_entity_counts(conll):
     # SOURCE.md: test entity starts LOC 1,668, ORG 1,661, PER 1,617, MISC 702; perfect predictions score 100.
     refs = conll["test"]["tags"]
-    scores = Seqeval().compute(predictions=refs, references=refs)
+    scores = seqeval.scores(refs, refs)
     assert {k: scores[f"{k}/number"] for k in ("LOC", "ORG", "PER", "MISC")} == \
         {"LOC": 1668, "ORG": 1661, "PER": 1617, "MISC": 702}
     assert scores["f1"] == scores["precision"] == scores["recall"] == scores["accuracy"] == 100.0
@@ -160,8 +160,7 @@ def test_alignment_left_padding(tokenizer):
     assert out["word_ids"] == [None] * pad + WORD_IDS
     assert out["attention_mask"] == [0] * pad + [1] * len(PIECES)
     assert out["labels"] == [IGNORE_INDEX] * pad + align(tokenizer)["labels"]
-    logits = np.eye(len(LABELS))[np.maximum(out["labels"], 0)]
-    assert predictions_to_tags([logits], [out["word_ids"]], LABELS) == [TAGS]
+    assert predictions_to_tags([np.maximum(out["labels"], 0)], [out["word_ids"]], LABELS) == [TAGS]
 
 
 # ---- predictions back to word tags -----------------------------------------------------------------
@@ -172,12 +171,10 @@ def test_predictions_to_tags_first_subtoken_wins():
                "B-MISC", "O")
     expected = [TAGS]
     assert predictions_to_tags([pred], [WORD_IDS], LABELS) == expected
-    # Logits, as one padded batch array ([features, tokens, labels]) or a torch tensor: same result.
-    logits = np.full((1, 24, len(LABELS)), -1.0)
-    logits[0, np.arange(len(pred)), pred] = 1.0
-    assert predictions_to_tags(logits, [WORD_IDS], LABELS) == expected
-    assert predictions_to_tags(torch.tensor(logits, dtype=torch.bfloat16), [WORD_IDS], dict(enumerate(LABELS))) \
-        == expected
+    # As one batch array padded past the feature ([features, tokens]), labels by id: same result.
+    padded = np.zeros((1, 24), dtype=np.int64)
+    padded[0, :len(pred)] = pred
+    assert predictions_to_tags(padded, [WORD_IDS], dict(enumerate(LABELS))) == expected
 
 
 @pytest.mark.data
@@ -188,15 +185,14 @@ def test_perfect_predictions_on_real_validation(conll, tokenizer):
     # Every word has its first piece labelled; ignore positions are -100.
     assert all(sum(x != IGNORE_INDEX for x in labels) == len(tags)
                for labels, tags in zip(feats["labels"], valid["tags"], strict=True))
-    # A padded batch of "logits" that put each labelled token on its gold label.
+    # A padded batch of predictions that put each labelled token on its gold label.
     width = max(map(len, feats["labels"]))
-    logits = np.zeros((len(feats), width, len(LABELS)), dtype=np.float32)
+    predicted = np.zeros((len(feats), width), dtype=np.int64)
     for i, labels in enumerate(feats["labels"]):
-        labels = np.asarray(labels)
-        logits[i, np.flatnonzero(labels >= 0), labels[labels >= 0]] = 1.0
-    tags = predictions_to_tags(logits, feats["word_ids"], LABELS, num_words=[len(t) for t in valid["tags"]])
+        predicted[i, :len(labels)] = np.maximum(labels, 0)
+    tags = predictions_to_tags(predicted, feats["word_ids"], LABELS, num_words=[len(t) for t in valid["tags"]])
     assert tags == list(valid["tags"])
-    scores = Seqeval().compute(predictions=tags, references=valid["tags"])
+    scores = seqeval.scores(tags, valid["tags"])
     assert scores["f1"] == scores["precision"] == scores["recall"] == scores["accuracy"] == 100.0
 
 
@@ -247,12 +243,12 @@ def test_iob1_vs_iob2_on_real_file(conll):
     assert iob1 != iob2
     assert all(entities(a) == entities(b) == entities(a, "IOB1", "strict") == entities(b, "IOB2", "strict")
                for a, b in zip(iob1, iob2, strict=True))
-    scores = Seqeval().compute(predictions=iob1, references=iob2, scheme="IOB1")
+    scores = seqeval.scores(iob1, iob2, scheme="IOB1")
     assert scores["f1"] == 100.0 and scores["accuracy"] < 100.0
     gold = sum(len(entities(t)) for t in iob2)
     with_b = sum(t.startswith("B-") for tags in iob1 for t in tags)
     assert 0 < with_b < gold
-    strict2 = Seqeval().compute(predictions=iob1, references=iob1, scheme="IOB2", mode="strict")
+    strict2 = seqeval.scores(iob1, iob1, scheme="IOB2", mode="strict")
     assert sum(v for k, v in strict2.items() if k.endswith("/number")) == with_b
 
 
@@ -268,7 +264,7 @@ def test_seqeval_missed_and_spurious_entity(conll):
     assert [sentence["tokens"][i] for i in (10, 14)] == ["Friday", "Somerset"]
     pred = list(gold)
     pred[10], pred[14] = "B-LOC", "O"
-    s = Seqeval().compute(predictions=[pred], references=[gold])
+    s = seqeval.scores([pred], [gold])
     assert s["precision"] == s["recall"] == s["f1"] == 75.0
     assert s["accuracy"] == pytest.approx(100 * 33 / 35)
     assert (s["ORG/precision"], s["ORG/recall"], s["ORG/number"]) == (100.0, 50.0, 2)
@@ -279,15 +275,15 @@ def test_seqeval_missed_and_spurious_entity(conll):
 
 def test_seqeval_boundary_error_and_errors():
     # A chunk with the wrong extent is both a miss and a spurious one: P = R = F1 = 0 for that type.
-    s = Seqeval().compute(predictions=[["B-PER", "O", "O"]], references=[["B-PER", "I-PER", "O"]])
+    s = seqeval.scores([["B-PER", "O", "O"]], [["B-PER", "I-PER", "O"]])
     assert (s["precision"], s["recall"], s["f1"]) == (0.0, 0.0, 0.0)
     assert s["accuracy"] == pytest.approx(200 / 3)
     with pytest.raises(ValueError, match="'E-PER' is not valid in IOB2"):
-        Seqeval().compute(predictions=[["E-PER"]], references=[["O"]])
+        seqeval.scores([["E-PER"]], [["O"]])
     with pytest.raises(ValueError, match="sentence 0: 1 predicted tags for 2 reference tags"):
-        Seqeval().compute(predictions=[["O"]], references=[["O", "O"]])
+        seqeval.scores([["O"]], [["O", "O"]])
     with pytest.raises(ValueError, match="scheme='IOBES'"):
-        Seqeval().compute(predictions=[["O"]], references=[["O"]], scheme="IOBES")
+        seqeval.scores([["O"]], [["O"]], scheme="IOBES")
 
 
 @pytest.mark.data
@@ -311,7 +307,7 @@ def test_wiring_with_collator_and_model(conll, tokenizer):
     with torch.inference_mode():
         out = model(**batch)
     assert torch.isfinite(out.loss)
-    tags = predictions_to_tags(out.logits, feats["word_ids"], model.config.id2label,
+    tags = predictions_to_tags(out.logits.argmax(-1), feats["word_ids"], model.config.id2label,
                                num_words=[len(t) for t in feats["tags"]])
     assert [len(t) for t in tags] == [len(t) for t in valid["tags"]] and {x for t in tags for x in t} <= set(LABELS)
-    assert 0 <= Seqeval().compute(predictions=tags, references=feats["tags"])["f1"] <= 100
+    assert 0 <= seqeval.scores(tags, feats["tags"])["f1"] <= 100

@@ -11,13 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from ampft.tasks.question_answering.squad import (
-    postprocess,
-    prepare_eval_features,
-    prepare_train_features,
-    read_squad,
-)
-from ampft.tasks.question_answering.squad_metric import Squad, SquadV2, normalize_answer
+from ampft.tasks.question_answering import squad_metric
+from ampft.tasks.question_answering.squad import prepare_features, read_squad, scored_answers
+from ampft.tasks.question_answering.squad_metric import normalize_answer
 from tests.helpers import shared
 
 MAX_LENGTH, STRIDE = 128, 32
@@ -38,9 +34,11 @@ def squad():
 
 
 def windows(examples, tokenizer):
-    kwargs = dict(tokenizer=tokenizer, max_length=MAX_LENGTH, doc_stride=STRIDE)
-    train, evals = (examples.map(fn, batched=True, remove_columns=examples.column_names, fn_kwargs=kwargs)
-                    for fn in (prepare_train_features, prepare_eval_features))
+    """The train split's windows and the same windows as a validation split prepares them."""
+    train, evals = (examples.map(prepare_features, batched=True, remove_columns=examples.column_names,
+                                 fn_kwargs=dict(tokenizer=tokenizer, max_length=MAX_LENGTH, doc_stride=STRIDE,
+                                                evaluation=evaluation))
+                    for evaluation in (False, True))
     return train, evals
 
 
@@ -50,11 +48,12 @@ def features(squad, tokenizer):
 
 
 def refs(examples):
-    return [{"id": i, "answers": a} for i, a in zip(examples["id"], examples["answers"], strict=True)]
+    return dict(zip(examples["id"], examples["answers"], strict=True))
 
 
-def preds(answers: dict[str, str]):
-    return [{"id": k, "prediction_text": v} for k, v in answers.items()]
+def postprocess(examples, features, start_logits, end_logits, **kwargs):
+    """The answer text per example id (`scored_answers` without the scores)."""
+    return {k: text for k, (text, _) in scored_answers(examples, features, start_logits, end_logits, **kwargs).items()}
 
 
 def one_hot_logits(train, key):
@@ -173,7 +172,7 @@ def test_left_padding_puts_context_first(squad, tokenizer):
     assert padded > 0
     found = postprocess(examples, evals, one_hot_logits(train, "start_positions"),
                         one_hot_logits(train, "end_positions"))
-    assert Squad().compute(predictions=preds(found), references=refs(examples))["exact_match"] == 100.0
+    assert squad_metric.scores(found, refs(examples))["exact_match"] == 100.0
 
 
 # ---- post-processing -------------------------------------------------------------------------------
@@ -185,7 +184,7 @@ def test_postprocess_gold_positions_give_gold_answers(squad, features):
     assert list(found) == list(squad["id"])
     first = {i: a["text"][0] for i, a in zip(squad["id"], squad["answers"], strict=True)}
     assert {k for k in found if found[k] != first[k]} == {"570d4329fed7b91900d45dd9"}  # gold rushes
-    scores = Squad().compute(predictions=preds(found), references=refs(squad))
+    scores = squad_metric.scores(found, refs(squad))
     assert scores == {"exact_match": 100.0, "f1": 100.0}  # "gold rushes" is also one of its gold answers
 
 
@@ -273,15 +272,14 @@ def test_squad_hand_computed():
     q2 "the Saturn V rocket" vs "Saturn V": tokens [saturn v rocket] / [saturn v]: EM 0, P 2/3, R 1, F1 0.8.
     q3 no prediction (one under another id): 0, 0.  q4 "Armstrong" vs ["Neil Armstrong", "Armstrong"]: max -> EM 1, F1 1.
     EM = 100 * 2/4 = 50; F1 = 100 * (1 + 0.8 + 0 + 1)/4 = 70."""
-    references = [
-        {"id": "q1", "answers": {"text": ["Apollo program", "the Apollo program"], "answer_start": [0, 0]}},
-        {"id": "q2", "answers": {"text": ["Saturn V"], "answer_start": [0]}},
-        {"id": "q3", "answers": {"text": ["1969"], "answer_start": [0]}},
-        {"id": "q4", "answers": {"text": ["Neil Armstrong", "Armstrong"], "answer_start": [0, 5]}},
-    ]
-    predictions = preds({"q1": "The  Apollo program!", "q2": "the Saturn V rocket", "q3-typo": "1969",
-                         "q4": "Armstrong"})
-    scores = Squad().compute(predictions=predictions, references=references)
+    references = {
+        "q1": {"text": ["Apollo program", "the Apollo program"], "answer_start": [0, 0]},
+        "q2": {"text": ["Saturn V"], "answer_start": [0]},
+        "q3": {"text": ["1969"], "answer_start": [0]},
+        "q4": {"text": ["Neil Armstrong", "Armstrong"], "answer_start": [0, 5]},
+    }
+    predictions = {"q1": "The  Apollo program!", "q2": "the Saturn V rocket", "q3-typo": "1969", "q4": "Armstrong"}
+    scores = squad_metric.scores(predictions, references)
     assert scores["exact_match"] == 50.0 and scores["f1"] == pytest.approx(70.0)
 
 
@@ -289,26 +287,25 @@ def test_squad_v2_has_and_no_answer():
     """a answerable, predicted "": 0/0. b unanswerable, "": 1/1. c unanswerable, "Apollo": 0/0.
     exact = f1 = 100/3; HasAns 0 (1 question); NoAns 50 (2 questions)."""
     empty = {"text": [], "answer_start": []}
-    references = [{"id": "a", "answers": {"text": ["Apollo"], "answer_start": [0]}},
-                  {"id": "b", "answers": empty}, {"id": "c", "answers": empty}]
-    predictions = preds({"a": "", "b": "", "c": "Apollo"})
-    scores = SquadV2().compute(predictions=predictions, references=references)
+    references = {"a": {"text": ["Apollo"], "answer_start": [0]}, "b": empty, "c": empty}
+    predictions = {"a": "", "b": "", "c": "Apollo"}
+    scores = squad_metric.scores(predictions, references, version_2=True)
     assert scores == pytest.approx({"exact_match": 100 / 3, "f1": 100 / 3, "total": 3,
                                     "HasAns_exact_match": 0.0, "HasAns_f1": 0.0, "HasAns_total": 1,
                                     "NoAns_exact_match": 50.0, "NoAns_f1": 50.0, "NoAns_total": 2})
-    only_has = SquadV2().compute(predictions=predictions[:1], references=references[:1])
+    only_has = squad_metric.scores({"a": ""}, {"a": references["a"]}, version_2=True)
     assert not any(k.startswith("NoAns") for k in only_has)
 
 
 @pytest.mark.data
 def test_squad_first_gold_answer_scores_100(squad):
     first = {i: a["text"][0] for i, a in zip(squad["id"], squad["answers"], strict=True)}
-    assert Squad().compute(predictions=preds(first), references=refs(squad)) == {"exact_match": 100.0, "f1": 100.0}
-    v2 = SquadV2().compute(predictions=preds(first), references=refs(squad))
+    assert squad_metric.scores(first, refs(squad)) == {"exact_match": 100.0, "f1": 100.0}
+    v2 = squad_metric.scores(first, refs(squad), version_2=True)
     assert v2 == {"exact_match": 100.0, "f1": 100.0, "total": 501, "HasAns_exact_match": 100.0,
                   "HasAns_f1": 100.0, "HasAns_total": 501}
     # Nothing predicted right: 0.
-    wrong = Squad().compute(predictions=preds(dict.fromkeys(first, "")), references=refs(squad))
+    wrong = squad_metric.scores(dict.fromkeys(first, ""), refs(squad))
     assert wrong == {"exact_match": 0.0, "f1": 0.0}
 
 

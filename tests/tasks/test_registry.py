@@ -5,31 +5,22 @@ tests/finetune/test_model_card.py: its model class, pipeline tag and usage, per 
 from __future__ import annotations
 
 import contextlib
-from pathlib import Path
 
 import pytest
 
 from ampft.config import ConfigError
 from ampft.data import prepare_data
 from ampft.models import build_model, load_tokenizer
-from ampft.tasks import FAMILIES, Family, check_installed, family_for, register
+from ampft.tasks import FAMILIES, check_installed, family_for, register
 from ampft.tasks.classification import Classification
 from ampft.validation import metric_keys, validate
 from tests.helpers import compose_config
-
-CONF = Path(__file__).resolve().parents[2] / "conf"
 
 
 def test_a_token_classification_model_needs_its_labels():
     """A NER head has one output per tag: without the tag set there is no model to build."""
     with pytest.raises(ValueError, match="needs its labels"):
         FAMILIES["token_classification"].model_kwargs(None)
-
-
-def test_every_task_yaml_names_a_registered_family():
-    for path in sorted((CONF / "task").glob("*.yaml")):
-        cfg = compose_config("finetune", [f"task={path.stem}"])
-        assert cfg.task.family in FAMILIES, path.name
 
 
 def test_unknown_family_is_a_config_error_naming_the_registered_ones():
@@ -40,20 +31,14 @@ def test_unknown_family_is_a_config_error_naming_the_registered_ones():
         validate(compose_config("finetune", ["task.family=nope"]))
 
 
-def test_register_refuses_a_second_family_of_a_name_and_an_incomplete_one():
+def test_register_refuses_a_second_family_of_a_name():
     with pytest.raises(ValueError, match="'classification' is registered twice"):
         register(Classification())
-
-    class Half(Family):
-        name = "half"
-
-    with pytest.raises(TypeError, match=r"Half does not set \['metrics', 'model_class'"):
-        register(Half())
-    assert "half" not in FAMILIES
+    assert type(FAMILIES["classification"]) is Classification
 
 
-def test_check_installed_asks_each_family():
-    check_installed(["accuracy", "seqeval", "squad"])  # no optional library needed for these
+def test_check_installed_passes_metrics_that_need_no_extra():
+    check_installed(["accuracy", "seqeval", "squad"])
 
 
 class Sentiment(Classification):

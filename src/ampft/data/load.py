@@ -196,7 +196,7 @@ def check_empty_texts(empty: list, rows: int, task: DictConfig, where: str, what
 
 def _load_hub(task: DictConfig) -> DatasetDict:
     try:
-        raw = load_dataset(task.dataset, task.subset)
+        return load_dataset(task.dataset, task.subset)
     except Exception as exc:  # datasets raises several types for "not cached and offline"
         if hub_reachable():
             raise
@@ -206,22 +206,21 @@ def _load_hub(task: DictConfig) -> DatasetDict:
             f"task.train_file=PATH task.validation_file=PATH (columns {list(task.text_fields)} and "
             f"{task.label_column!r})."
         ) from exc
-    missing = [s for s in (task.train_split, task.validation_split, *task.extra_validation_splits) if s not in raw]
-    if missing:
-        raise DataError(f"task.train_split/validation_split/extra_validation_splits {missing} not in {task.dataset}: "
-                        f"splits are {list(raw)}")
-    return DatasetDict({"train": raw[task.train_split], "validation": raw[task.validation_split],
-                        **{name: raw[name] for name in task.extra_validation_splits}})
 
 
 def load_splits(task: DictConfig, read_file: Callable[[str, str], Dataset] = load_file) -> DatasetDict:
-    """train, validation and the extra splits (files read by `read_file(path, split)`), sample limits applied."""
+    """train, validation and the extra splits (files read by `read_file(path, split)`, or the splits of a Hub
+    dataset or the demo that task.train_split/validation_split name), sample limits applied."""
     if task.train_file is not None:
         raw = DatasetDict({split: read_file(path, split) for split, path in split_files(task).items()})
-    elif task.dataset is not None:
-        raw = _load_hub(task)
-    elif task.name == "demo":
-        raw = demo_splits()
+    elif task.dataset is not None or task.name == "demo":
+        source = _load_hub(task) if task.dataset is not None else demo_splits()
+        names = {"train": task.train_split, "validation": task.validation_split,
+                 **{name: name for name in task.extra_validation_splits}}
+        if missing := [s for s in names.values() if s not in source]:
+            raise DataError(f"task.train_split/validation_split/extra_validation_splits {missing} not in "
+                            f"{task.dataset or task.name}: splits are {list(source)}")
+        raw = DatasetDict({name: source[split] for name, split in names.items()})
     else:
         raise DataError(f"task={task.name}: set task.train_file/validation_file or task.dataset")
     for split in raw:

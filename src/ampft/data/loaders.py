@@ -48,17 +48,13 @@ def padding(cfg: DictConfig, tokenizer: PreTrainedTokenizerBase, device: torch.d
     return dict(padding="longest", max_length=None, pad_to_multiple_of=multiple)
 
 
-def num_workers(cfg: DictConfig, device: torch.device) -> int:
-    """trainer.num_workers, or (null) 2 on CUDA (collating overlaps GPU work), 0 on CPU (its cores train)."""
-    if cfg.trainer.num_workers is not None:
-        return cfg.trainer.num_workers
-    return 2 if device.type == "cuda" else 0
-
-
 def _loader_kwargs(cfg: DictConfig, device: torch.device) -> dict:
+    # trainer.num_workers null: 2 on CUDA (collating overlaps GPU work), 0 on CPU (its cores train).
+    workers = cfg.trainer.num_workers
+    if workers is None:
+        workers = 2 if device.type == "cuda" else 0
     # Own generators: creating an iterator must not draw from the global RNG, or a resumed run's dropout
     # masks (restored RNG state, then a fresh iterator) would differ from the uninterrupted run's.
-    workers = num_workers(cfg, device)
     return dict(num_workers=workers, pin_memory=device.type == "cuda", persistent_workers=workers > 0,
                 generator=torch.Generator().manual_seed(cfg.trainer.seed))
 
@@ -66,7 +62,7 @@ def _loader_kwargs(cfg: DictConfig, device: torch.device) -> dict:
 def inference_dataloader(cfg: DictConfig, family: Family, dataset: Dataset, tokenizer: PreTrainedTokenizerBase,
                          device: torch.device, model=None) -> DataLoader:
     """Features in `dataset`'s order, in evaluation batches, model inputs only: evaluation and `make predict`."""
-    collate = family.collator(tokenizer, **padding(cfg, tokenizer, device))
+    collate = family.collator_class(tokenizer, **padding(cfg, tokenizer, device))
     tr = cfg.trainer
     return DataLoader(dataset.select_columns(model_columns(family.model_inputs, dataset.column_names, model)),
                       batch_size=tr.eval_batch_size or 2 * tr.batch_size, collate_fn=collate,
@@ -85,7 +81,7 @@ def build_dataloaders(cfg: DictConfig, data: TaskData, tokenizer: PreTrainedToke
     global batches (`batch_size` x `num_processes`): Accelerate deals consecutive batches to the ranks in turn."""
     tr = cfg.trainer
     pad = padding(cfg, tokenizer, device)
-    collate = data.family.collator(tokenizer, **pad)
+    collate = data.family.collator_class(tokenizer, **pad)
     train = data.train.select_columns(model_columns(data.family.model_inputs, data.train.column_names, model))
     if tr.group_by_length:
         sampler = LengthGroupedSampler(data.train["length"][:], tr.batch_size * num_processes, tr.seed,

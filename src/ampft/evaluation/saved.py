@@ -16,7 +16,6 @@ import yaml
 from accelerate import Accelerator
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
-from safetensors.torch import load_file
 from transformers import AutoConfig, PretrainedConfig, PreTrainedTokenizerBase
 
 from ampft import checkpointing, distributed, precision, tasks
@@ -80,37 +79,18 @@ class SavedRun:
         ran = precision.setup(accelerator, cfg.precision)
         tokenizer_dir = self.weights if self.kind == "run" else self.run_dir / "tokenizer"
         tokenizer = family.adapt_tokenizer(load_tokenizer_from(tokenizer_dir, "the run's tokenizer", self.kind))
-        auto = family.model_class
         with loading("the saved model", self.kind, str(self.weights)):
-            if self.kind == "run":
-                check_loadable(str(self.weights), "the saved model", self.kind, needs=("config", "weights"))
-                # Shapes that differ are reported with the missing keys (and refused below), not raised.
-                model, info = auto.from_pretrained(self.weights, output_loading_info=True,
-                                                   ignore_mismatched_sizes=True)
-                missing = sorted({*info["missing_keys"], *(k[0] for k in info["mismatched_keys"])})
-                unexpected = sorted(info["unexpected_keys"])
-            else:
-                model = auto.from_config(self.model_config)
-                missing, unexpected = _load_state_dict(model, self.weights / "model.safetensors", self.kind)
-        check_weights(missing, unexpected, f"{self.kind}={self.weights}")
+            if self.kind == "checkpoint" and not (self.weights / "model.safetensors").is_file():
+                raise EvaluationError(f"checkpoint={self.weights}: no model.safetensors (a checkpoint written by "
+                                      "DeepSpeed or FSDP keeps its weights sharded: evaluate the run's export with "
+                                      "run=RUN_DIR)")
+            check_loadable(str(self.weights), "the saved model", self.kind, needs=("config", "weights"))
+            # Shapes that differ are reported with the missing keys (and refused below), not raised.
+            model, info = family.model_class.from_pretrained(self.weights, config=self.model_config,
+                                                             output_loading_info=True, ignore_mismatched_sizes=True)
+        missing = sorted({*info["missing_keys"], *(k[0] for k in info["mismatched_keys"])})
+        check_weights(missing, sorted(info["unexpected_keys"]), f"{self.kind}={self.weights}")
         return accelerator, ran, tokenizer, model
-
-
-def _load_state_dict(model, path: Path, key: str) -> tuple[list[str], list[str]]:
-    """Load a checkpoint's weights file into `model`; (missing keys, unexpected keys)."""
-    if not path.is_file():
-        raise EvaluationError(f"{key}={path.parent}: no {path.name} (a checkpoint written by DeepSpeed or FSDP keeps "
-                              "its weights sharded: evaluate the run's export with run=RUN_DIR)")
-    state_dict = load_file(path)
-    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    wrong = [f"{k} {tuple(v.shape)} (the model's: {shapes[k]})" for k, v in state_dict.items()
-             if k in shapes and tuple(v.shape) != shapes[k]]
-    if wrong:
-        raise EvaluationError(f"{key}={path.parent}: {len(wrong)} weight(s) of {path.name} have another shape than "
-                              f"the model its config.json describes: {', '.join(wrong[:5])}")
-    result = model.load_state_dict(state_dict, strict=False)
-    tied = set(getattr(model, "all_tied_weights_keys", None) or ())  # loaded through the weight they share
-    return sorted(set(result.missing_keys) - tied), sorted(result.unexpected_keys)
 
 
 def check_weights(missing: list[str], unexpected: list[str], where: str) -> None:
@@ -170,18 +150,15 @@ def evaluate_saved(e: DictConfig) -> dict[str, Any]:
     cfg, family, task = saved.cfg, saved.family, saved.cfg.task
     name = evaluation_name(e, saved.weights, saved.kind)
     out_dir = saved.run_dir / "evaluations" / name
-    train_split = e.split == "train" and e.file is None
-    if e.file is not None:
-        task.train_file = task.validation_file = e.file
     if e.split not in ("train", "validation"):
         raise EvaluationError(f"split={e.split}: use split=validation or split=train (or file=PATH)")
-    if e.file is not None or e.split == "train":
-        task.extra_validation_splits = []  # one split is asked for
-    if train_split and not family.evaluates_train_features:
-        # NER and QA build evaluation features (word ids, offsets) for validation splits: read the train
-        # data as the validation split (its file, or its Hub split).
+    if e.file is not None:
+        task.train_file = task.validation_file = e.file
+    elif e.split == "train":  # the train data read as the validation split: evaluation features (NER, QA)
         task.validation_file, task.validation_split = task.train_file, task.train_split
         task.max_eval_samples = task.max_train_samples
+    if e.file is not None or e.split == "train":
+        task.extra_validation_splits = []  # one split is asked for
 
     try:  # before loading anything
         tasks.check_installed(task.metrics, key=f"{saved.cfg_path}: task.metrics")
@@ -189,8 +166,6 @@ def evaluate_saved(e: DictConfig) -> dict[str, Any]:
         raise EvaluationError(exc.problems[0]) from exc
     accelerator, ran, tokenizer, model = saved.load()
     data = prepare_data(cfg, family, tokenizer, accelerator.main_process_first)
-    if train_split and family.evaluates_train_features:
-        data = dataclasses.replace(data, validation=data.train)
     eval_dl, *extra_dls = [eval_dataloader(cfg, data, ds, tokenizer, accelerator.device, model)
                            for ds in (data.validation, *data.extra.values())]
     model, eval_dl, *extra_dls = accelerator.prepare(model, eval_dl, *extra_dls)

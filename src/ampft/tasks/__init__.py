@@ -13,6 +13,7 @@ from omegaconf import DictConfig
 from torch.utils.data import DataLoader
 
 from ampft.tasks.base import FAMILIES, Family, family_for, register
+from ampft.tasks.classification.metrics import check_installed  # the one family whose metrics need extras
 
 for _package in pkgutil.iter_modules(__path__):  # in name order; each family package registers its family
     if _package.ispkg:
@@ -28,12 +29,6 @@ def supported_metrics() -> dict[str, list[str]]:
         for metric in family.metrics:
             out.setdefault(metric, []).append(family.name)
     return out
-
-
-def check_installed(metrics: list[str], key: str = "task.metrics") -> None:
-    """A ConfigError (naming `key` and the pip command), before training, when a metric needs a missing library."""
-    for family in FAMILIES.values():
-        family.check_installed(list(metrics), key)
 
 
 def evaluate(accelerator: Accelerator, model, data, dataloaders: dict[str, DataLoader], task: DictConfig,

@@ -1,5 +1,7 @@
 """The task family interface and its registry: one object per `task.family` name owns everything that differs
-between task kinds. `ampft.finetune.build` looks it up once per run (`family_for`) and passes it on."""
+between task kinds. `ampft.finetune.build` looks it up once per run (`family_for`) and passes it on. Also the one
+inference loop under every family's `evaluate` and `predict` (`gather`): each example counts once on any number of
+ranks, and losses are gathered per example (a mean of per-batch means would weight a short last batch)."""
 
 from __future__ import annotations
 
@@ -14,9 +16,11 @@ from omegaconf import DictConfig
 from torch.utils.data import DataLoader
 from transformers import DataCollatorWithPadding, PretrainedConfig, PreTrainedTokenizerBase
 
+from ampft.data.load import PREDICT
+
 
 class Family:
-    """What the shared modules ask of a task family; `register` refuses one that leaves an attribute unset."""
+    """What the shared modules ask of a task family: each sets the class attributes annotated here."""
 
     #: the task.family value that selects it
     name: ClassVar[str]
@@ -26,18 +30,16 @@ class Family:
     model_class: ClassVar[type]
     #: the Hugging Face pipeline that runs an exported model
     pipeline_tag: ClassVar[str]
-    #: the transformers collator that pads its batches
+    #: the transformers collator that pads its batches (as `ampft.data.padding` says)
     collator_class: ClassVar[type] = DataCollatorWithPadding
     #: the columns a batch gives the model (those the model's forward takes are kept)
-    model_inputs: ClassVar[tuple[str, ...]]
+    model_inputs: ClassVar[tuple[str, ...]] = ("input_ids", "attention_mask", "token_type_ids", "labels")
     #: local files it reads, for messages
     files: ClassVar[str]
     #: the extensions of the local files it reads (`check_file`)
     extensions: ClassVar[tuple[str, ...]] = ()
     #: validation feature i belongs to example i (false for QA: an example may span several windows)
     one_feature_per_example: ClassVar[bool]
-    #: the train split's features can be evaluated as they are (NER and QA build evaluation features apart)
-    evaluates_train_features: ClassVar[bool]
     #: its metrics report percent (seqeval, SQuAD) rather than fractions (GLUE)
     scores_in_percent: ClassVar[bool]
     #: labels to build the model with when no data is read (`make estimate`); None: the family has no label set
@@ -53,9 +55,6 @@ class Family:
         if ext not in self.extensions:
             raise ValueError(f"{path}: unsupported extension {ext!r} for {self.name.replace('_', ' ')}; use {self.files}")
 
-    def check_installed(self, metrics: list[str], key: str = "task.metrics") -> None:
-        """A ConfigError before any training when one of `metrics` needs an optional library that is missing."""
-
     def adapt_tokenizer(self, tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
         """The tokenizer this family needs (e.g. byte-level BPE with a prefix space for pre-split words)."""
         return tokenizer
@@ -68,16 +67,17 @@ class Family:
         """Every setting the tokenized features depend on besides tokenizer, max_length, labels and data."""
         return {}
 
-    def tokenize(self, raw: DatasetDict, task: DictConfig, tokenizer: PreTrainedTokenizerBase,
-                 labels: list[str] | None) -> DatasetDict:
-        """Model features per split; a `length` column (tokens) for the length-grouped sampler."""
+    def encoder(self, task: DictConfig, tokenizer: PreTrainedTokenizerBase, labels: list[str] | None,
+                split: str) -> Callable[[dict], dict]:
+        """A batch of a split's examples -> model features: the train split's with their targets, a validation
+        split's with what `evaluate` reads back too, a file to predict's (split `PREDICT`) without targets."""
         raise NotImplementedError
 
-    def collator(self, tokenizer: PreTrainedTokenizerBase, padding: str = "longest", max_length: int | None = None,
-                 pad_to_multiple_of: int | None = None):
-        """Batches padded as `ampft.data.padding` says, by `collator_class`."""
-        return self.collator_class(tokenizer, padding=padding, max_length=max_length,
-                                   pad_to_multiple_of=pad_to_multiple_of)
+    def tokenize(self, raw: DatasetDict, task: DictConfig, tokenizer: PreTrainedTokenizerBase,
+                 labels: list[str] | None) -> DatasetDict:
+        """Model features per split, with a `length` column (tokens) for the length-grouped sampler."""
+        return DatasetDict({split: _encoded(ds, self.encoder(task, tokenizer, labels, split), f"tokenizing {split}")
+                            for split, ds in raw.items()})
 
     def fake_targets(self, batch_size: int, seq_len: int) -> dict[str, torch.Tensor]:
         """A batch's training targets as zeros in the loss's shapes and dtypes (`make estimate` traces with them)."""
@@ -113,8 +113,8 @@ class Family:
         raise NotImplementedError
 
     def input_features(self, inputs: Dataset, task: DictConfig, tokenizer: PreTrainedTokenizerBase) -> Dataset:
-        """Model features of `inputs` without labels, with what `predict` reads back and a `length` column."""
-        raise NotImplementedError
+        """Model features of `inputs` (`read_inputs`), with what `predict` reads back and a `length` column."""
+        return _encoded(inputs, self.encoder(task, tokenizer, task.labels, PREDICT), "tokenizing")
 
     def predict(self, accelerator: Accelerator, model, dataloader: DataLoader, features: Dataset,
                 inputs: Dataset, task: DictConfig, labels: list[str] | None) -> list[dict[str, Any]]:
@@ -131,16 +131,38 @@ class Family:
         return list(dict.fromkeys(k for m in metrics for k in self.metrics.get(m, (m,))))
 
 
-def encoded(inputs: Dataset, encode: Callable[[dict], dict], keep: tuple[str, ...] = (),
-            desc: str = "tokenizing") -> Dataset:
-    """`inputs` as model features (`encode`: a batch of examples -> features) with their `length` in tokens; the
-    input columns go, but `keep`."""
+def _encoded(inputs: Dataset, encode: Callable[[dict], dict], desc: str) -> Dataset:
+    """`inputs` as model features only (`encode`: a batch of examples -> features), with their `length` in tokens."""
 
     def fn(batch):
         out = encode(batch)
         return {**out, "length": [len(ids) for ids in out["input_ids"]]}
 
-    return inputs.map(fn, batched=True, remove_columns=[c for c in inputs.column_names if c not in keep], desc=desc)
+    return inputs.map(fn, batched=True, remove_columns=inputs.column_names, desc=desc)
+
+
+@torch.inference_mode()
+def gather(accelerator: Accelerator, model, dataloader: DataLoader,
+           outputs: Callable[[dict, Any], tuple[torch.Tensor, ...]]) -> list[list[torch.Tensor]]:
+    """Per output of `outputs(batch, model_output)` (per-example tensors), its per-batch tensors gathered across
+    ranks, on the CPU: widths may differ by batch (NER, QA). The model's train/eval mode is restored afterwards."""
+    was_training = model.training
+    model.eval()
+    try:
+        gathered: list[list[torch.Tensor]] = []
+        for batch in dataloader:
+            values = accelerator.gather_for_metrics(outputs(batch, model(**batch)))
+            gathered = gathered or [[] for _ in values]
+            for parts, value in zip(gathered, values, strict=True):
+                parts.append(value.cpu())
+        return gathered
+    finally:
+        model.train(was_training)
+
+
+def rows(parts: list[torch.Tensor]) -> list:
+    """The per-example rows of `gather`'s per-batch tensors, as numpy arrays (widths may differ by batch)."""
+    return [row for batch in parts for row in batch.numpy()]
 
 
 def column_names_unread(task: DictConfig) -> list[str]:
@@ -156,9 +178,6 @@ FAMILIES: dict[str, Family] = {}
 
 def register(family: Family) -> Family:
     """Make `family` the one selected by `task.family=<family.name>`."""
-    missing = [a for a in Family.__annotations__ if not hasattr(family, a)]
-    if missing:
-        raise TypeError(f"task family {type(family).__name__} does not set {missing}")
     if family.name in FAMILIES:
         raise ValueError(f"task family {family.name!r} is registered twice ({type(FAMILIES[family.name]).__name__}, "
                          f"{type(family).__name__})")

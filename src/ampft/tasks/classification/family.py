@@ -15,8 +15,7 @@ from torch.utils.data import DataLoader
 from transformers import AutoModelForSequenceClassification, PreTrainedTokenizerBase
 
 from ampft.data.load import FORMATS, PREDICT, DataError, load_file
-from ampft.inference import predict
-from ampft.tasks.base import Family, column_names_unread, encoded, register
+from ampft.tasks.base import Family, column_names_unread, gather, register
 from ampft.tasks.classification import metrics as glue
 from ampft.tasks.classification.data import encode_labels, label_names, load_raw, positive_label
 
@@ -27,34 +26,18 @@ def texts(batch: dict, fields: list[str]) -> list[list[str]]:
     return [[("" if t is None else str(t)) for t in batch[f]] for f in fields]
 
 
-def _encoder(task: DictConfig, tokenizer: PreTrainedTokenizerBase):
-    fields = list(task.text_fields)
-    return lambda batch: tokenizer(*texts(batch, fields), truncation=True, max_length=task.max_length)
-
-
 def example_losses(logits: torch.Tensor, labels: torch.Tensor, regression: bool) -> torch.Tensor:
     """Each example's loss as the model's own loss computes it for the batch (mean squared error for one
     regression output, cross-entropy otherwise), unreduced."""
-    logits = logits.float()
     if regression:
         return (logits.squeeze(-1) - labels.float()) ** 2
     return torch.nn.functional.cross_entropy(logits, labels, reduction="none")
 
 
-def evaluate_model(accelerator: Accelerator, model, dataloader: DataLoader, metrics: list[str],
-                   num_labels: int | None, positive: int = 1) -> dict[str, float]:
-    """Metrics by name, plus `loss` (mean over examples) and `samples`; num_labels None: regression.
-    `positive`: the label id binary F1 scores (two labels)."""
-    regression = num_labels is None
-
-    def outputs(batch, out):
-        logits = out.logits.float()
-        pred = logits.squeeze(-1) if regression else logits.argmax(dim=-1)
-        return pred, batch["labels"], example_losses(logits, batch["labels"], regression)
-
-    preds, refs, losses = (torch.cat(parts) for parts in predict(accelerator, model, dataloader, outputs))
-    results = glue.compute(metrics, preds.numpy(), refs.numpy(), num_labels, positive)
-    return {**results, "loss": float(losses.mean()), "samples": len(refs)}
+def _logits(accelerator: Accelerator, model, dataloader: DataLoader) -> torch.Tensor:
+    """The fp32 logits of every example, in the dataloader's order."""
+    (parts,) = gather(accelerator, model, dataloader, lambda batch, out: (out.logits.float(),))
+    return torch.cat(parts)
 
 
 def column_names_problems(task: DictConfig, files: list[tuple[str, str]]) -> list[str]:
@@ -82,11 +65,9 @@ class Classification(Family):
     metrics = {"accuracy": ("accuracy",), "f1": ("f1",), "mcc": ("mcc",)}
     model_class = AutoModelForSequenceClassification
     pipeline_tag = "text-classification"
-    model_inputs = ("input_ids", "attention_mask", "token_type_ids", "labels")
     extensions = tuple(FORMATS)
     files = "csv, tsv, json, jsonl or parquet"
     one_feature_per_example = True
-    evaluates_train_features = True
     scores_in_percent = False
     typical_label_count = 2
 
@@ -97,19 +78,20 @@ class Classification(Family):
                             "(pair)")
         return problems
 
-    def check_installed(self, metrics: list[str], key: str = "task.metrics") -> None:
-        glue.check_installed(metrics, key)
-
     def load(self, task: DictConfig) -> tuple[DatasetDict, list[str] | None]:
         raw = load_raw(task)
         labels = label_names(raw, task)
         positive_label(task, labels)  # refuses an unclear binary F1 now, not after training
         return encode_labels(raw, task, labels), labels
 
-    def tokenize(self, raw: DatasetDict, task: DictConfig, tokenizer: PreTrainedTokenizerBase,
-                 labels: list[str] | None) -> DatasetDict:
-        fn = _encoder(task, tokenizer)
-        return DatasetDict({s: encoded(ds, fn, keep=("labels",), desc=f"tokenizing {s}") for s, ds in raw.items()})
+    def encoder(self, task: DictConfig, tokenizer: PreTrainedTokenizerBase, labels: list[str] | None, split: str):
+        fields = list(task.text_fields)
+
+        def encode(batch):
+            out = tokenizer(*texts(batch, fields), truncation=True, max_length=task.max_length)
+            return out if split == PREDICT else {**out, "labels": batch["labels"]}  # `load` made them ids
+
+        return encode
 
     def fake_targets(self, batch_size: int, seq_len: int) -> dict[str, torch.Tensor]:
         return dict(labels=torch.zeros(batch_size, dtype=torch.long))
@@ -130,13 +112,9 @@ class Classification(Family):
             raise DataError(f"file={path}: no rows to predict (the file has its header line only)")
         return ds
 
-    def input_features(self, inputs: Dataset, task: DictConfig, tokenizer: PreTrainedTokenizerBase) -> Dataset:
-        return encoded(inputs, _encoder(task, tokenizer))
-
     def predict(self, accelerator: Accelerator, model, dataloader: DataLoader, features: Dataset,
                 inputs: Dataset, task: DictConfig, labels: list[str] | None) -> list[dict[str, Any]]:
-        (logits,) = (torch.cat(parts) for parts in predict(accelerator, model, dataloader,
-                                                           lambda batch, out: (out.logits.float(),)))
+        logits = _logits(accelerator, model, dataloader)
         if labels is None:  # regression: the one output
             return [{"value": float(v)} for v in logits[:, 0]]
         return [{"label": labels[int(p.argmax())], "probabilities": dict(zip(labels, p.tolist(), strict=True))}
@@ -164,9 +142,12 @@ print({"label": labels[int(logits.argmax())], "probabilities": dict(zip(labels, 
     def evaluate(self, accelerator: Accelerator, model, dataloader: DataLoader, features: Dataset,
                  examples: Dataset, task: DictConfig, labels: list[str] | None,
                  out_dir: Path | None = None, name: str = "validation") -> dict[str, float]:
-        positive = positive_label(task, labels)
-        return evaluate_model(accelerator, model, dataloader, list(task.metrics), None if labels is None else len(labels),
-                              1 if positive is None else labels.index(positive))
+        logits, refs = _logits(accelerator, model, dataloader), torch.tensor(features["labels"])
+        regression, positive = labels is None, positive_label(task, labels)
+        preds = logits[:, 0] if regression else logits.argmax(dim=-1)
+        results = glue.compute(list(task.metrics), preds.numpy(), refs.numpy(), None if regression else len(labels),
+                               1 if positive is None else labels.index(positive))
+        return {**results, "loss": float(example_losses(logits, refs, regression).mean()), "samples": len(refs)}
 
 
 class Regression(Classification):

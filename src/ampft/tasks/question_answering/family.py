@@ -20,10 +20,8 @@ from transformers import AutoModelForQuestionAnswering, PreTrainedTokenizerBase
 
 from ampft.data.load import PREDICT, check_columns, check_empty_texts, load_splits, read_checked, where
 from ampft.errors import DataError
-from ampft.inference import predict, rows
-from ampft.tasks.base import Family, column_names_unread, encoded, register
-from ampft.tasks.question_answering import squad
-from ampft.tasks.question_answering.squad_metric import Squad, SquadV2
+from ampft.tasks.base import Family, column_names_unread, gather, register, rows
+from ampft.tasks.question_answering import squad, squad_metric
 
 log = logging.getLogger(__name__)
 
@@ -44,27 +42,25 @@ def check_answers(ds: Dataset, task: DictConfig, split: str) -> None:
     rows = ds.select_columns(COLUMNS)
     empty = [r["id"] for r in rows if not r["question"].strip() or not r["context"].strip()]
     check_empty_texts(empty, len(ds), task, source, f"question or context ({_ids(empty)})")
-    found = []
-    bad = squad.misaligned_answers(ds)
-    if bad:
-        answered = sum(1 for a in ds["answers"] if a["text"])
-        found.append((bad, answered, f"{len(bad)} of {answered} answered questions have an answer_start that does "
-                                     f"not point at their answer text in the context ({_ids(bad)})",
-                      "fix answer_start (character offsets into the context, counted from 0)"))
-    if not task.version_2:
-        unanswered = [r["id"] for r in rows if not r["answers"]["text"]]
-        if unanswered:
-            found.append((unanswered, len(ds), f"{len(unanswered)} of {len(ds)} questions have no answer (answers: "
-                                               f"[], {_ids(unanswered)}), which SQuAD v1.1 (task.version_2=false) "
-                                               "does not have",
-                          "give them their answers, or use task.version_2=true (task=squad_v2) for a file with "
-                          "unanswerable questions"))
-    for ids, among, what, fix in found:
+
+    def refuse_or_warn(ids: list[str], among: int, what: str, fix: str) -> None:
         msg = f"{source}: {what}; they would be trained as \"no answer\""
         if len(ids) > task.max_misaligned_answers * among:
             raise DataError(f"{msg}. That is more than task.max_misaligned_answers={task.max_misaligned_answers} of "
                             f"them: {fix}, or raise task.max_misaligned_answers to train with them as they are")
         log.warning("%s (within task.max_misaligned_answers=%s)", msg, task.max_misaligned_answers)
+
+    if bad := squad.misaligned_answers(ds):
+        answered = sum(1 for a in ds["answers"] if a["text"])
+        refuse_or_warn(bad, answered, f"{len(bad)} of {answered} answered questions have an answer_start that does "
+                                      f"not point at their answer text in the context ({_ids(bad)})",
+                       "fix answer_start (character offsets into the context, counted from 0)")
+    unanswered = [] if task.version_2 else [r["id"] for r in rows if not r["answers"]["text"]]
+    if unanswered:
+        refuse_or_warn(unanswered, len(ds), f"{len(unanswered)} of {len(ds)} questions have no answer (answers: [], "
+                                            f"{_ids(unanswered)}), which SQuAD v1.1 (task.version_2=false) does not have",
+                       "give them their answers, or use task.version_2=true (task=squad_v2) for a file with "
+                       "unanswerable questions")
 
 
 def _span_logits(accelerator: Accelerator, out) -> tuple[torch.Tensor, torch.Tensor]:
@@ -93,7 +89,6 @@ class QuestionAnswering(Family):
     extensions = (".json",)
     files = 'SQuAD JSON: .json with a top-level "data" list of articles'
     one_feature_per_example = False
-    evaluates_train_features = False
     scores_in_percent = True
     typical_label_count = None
 
@@ -139,13 +134,9 @@ class QuestionAnswering(Family):
                             "reported by its question's id: give every question its own id")
         return ds
 
-    def input_features(self, inputs: Dataset, task: DictConfig, tokenizer: PreTrainedTokenizerBase) -> Dataset:
-        return encoded(inputs, lambda batch: squad.prepare_eval_features(batch, tokenizer, task.max_length,
-                                                                          task.doc_stride))
-
     def predict(self, accelerator: Accelerator, model, dataloader: DataLoader, features: Dataset,
                 inputs: Dataset, task: DictConfig, labels: list[str] | None) -> list[dict[str, Any]]:
-        parts = predict(accelerator, model, dataloader, lambda _, out: _span_logits(accelerator, out))
+        parts = gather(accelerator, model, dataloader, lambda _, out: _span_logits(accelerator, out))
         answers = _answers(task, inputs, features, *parts)
         return [{"id": i, "answer": answers[i][0], "score": answers[i][1]} for i in inputs["id"]]
 
@@ -194,18 +185,10 @@ print({{"answer": answer, "score": probability}})
     def cache_settings(self, task: DictConfig) -> dict:
         return {"doc_stride": task.doc_stride}
 
-    def tokenize(self, raw: DatasetDict, task: DictConfig, tokenizer: PreTrainedTokenizerBase,
-                 labels: list[str] | None) -> DatasetDict:
-        kwargs = dict(tokenizer=tokenizer, max_length=task.max_length, doc_stride=task.doc_stride)
-        train = functools.partial(squad.prepare_train_features, **kwargs)
-
-        def evaluation(batch):  # the same windows: span search inputs, and gold positions for a loss
-            positions = train(batch)
-            return {**squad.prepare_eval_features(batch, **kwargs),
-                    "start_positions": positions["start_positions"], "end_positions": positions["end_positions"]}
-
-        return DatasetDict({s: encoded(ds, train if s == "train" else evaluation, desc=f"tokenizing {s}")
-                            for s, ds in raw.items()})
+    def encoder(self, task: DictConfig, tokenizer: PreTrainedTokenizerBase, labels: list[str] | None, split: str):
+        # Validation windows carry the span search's inputs, and their gold positions for a loss.
+        return functools.partial(squad.prepare_features, tokenizer=tokenizer, max_length=task.max_length,
+                                 doc_stride=task.doc_stride, evaluation=split != "train")
 
     def evaluate(self, accelerator: Accelerator, model, dataloader: DataLoader, features: Dataset,
                  examples: Dataset, task: DictConfig, labels: list[str] | None,
@@ -213,16 +196,14 @@ print({{"answer": answer, "score": probability}})
         def outputs(batch, out):
             return *_span_logits(accelerator, out), window_losses(out.start_logits, out.end_logits, batch)
 
-        start_parts, end_parts, losses = predict(accelerator, model, dataloader, outputs)
+        start_parts, end_parts, losses = gather(accelerator, model, dataloader, outputs)
         answers = {k: text for k, (text, _) in _answers(task, examples, features, start_parts, end_parts).items()}
-        metric = SquadV2() if task.version_2 else Squad()
-        references = [{"id": i, "answers": a} for i, a in zip(examples["id"], examples["answers"], strict=True)]
-        results = metric.compute(predictions=[{"id": k, "prediction_text": v} for k, v in answers.items()],
-                                 references=references)
+        gold = dict(zip(examples["id"], examples["answers"], strict=True))
+        results = squad_metric.scores(answers, gold, version_2=task.version_2)
         if out_dir is not None and accelerator.is_main_process:
             (Path(out_dir) / f"predictions_{name}.json").write_text(json.dumps(answers, indent=1, ensure_ascii=False))
         results["loss"] = float(torch.cat(losses).mean())  # over windows (features), as training averages
-        results["samples"] = len(references)
+        results["samples"] = len(examples)
         return results
 
 

@@ -12,12 +12,12 @@ from typing import Any
 
 import datasets
 import numpy as np
-from transformers import BatchEncoding, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 
-ANSWERS = {"text": datasets.List(datasets.Value("string")), "answer_start": datasets.List(datasets.Value("int32"))}
 FEATURES = datasets.Features({
     "id": datasets.Value("string"), "title": datasets.Value("string"), "context": datasets.Value("string"),
-    "question": datasets.Value("string"), "answers": ANSWERS,
+    "question": datasets.Value("string"),
+    "answers": {"text": datasets.List(datasets.Value("string")), "answer_start": datasets.List(datasets.Value("int32"))},
 })
 
 
@@ -68,18 +68,6 @@ def misaligned_answers(ds: datasets.Dataset) -> list[str]:
     return bad
 
 
-def _tokenize(batch: Mapping[str, list], tokenizer: PreTrainedTokenizerBase, max_length: int,
-              doc_stride: int) -> tuple[BatchEncoding, int]:
-    """The windows of a batch, and the sequence id (0 or 1) of the context in them."""
-    right = tokenizer.padding_side == "right"
-    questions = [q.lstrip() for q in batch["question"]]  # some SQuAD questions start with spaces
-    pair = (questions, batch["context"]) if right else (batch["context"], questions)
-    enc = tokenizer(*pair, truncation="only_second" if right else "only_first", max_length=max_length,
-                    stride=doc_stride, return_overflowing_tokens=True, return_offsets_mapping=True,
-                    padding=False if right else "max_length")
-    return enc, 1 if right else 0
-
-
 def _cls_index(input_ids: list[int], tokenizer: PreTrainedTokenizerBase) -> int:
     """Where "no answer" points: the CLS token (BOS for models without one), as run_qa.py does."""
     for special in (tokenizer.cls_token_id, tokenizer.bos_token_id):
@@ -88,58 +76,52 @@ def _cls_index(input_ids: list[int], tokenizer: PreTrainedTokenizerBase) -> int:
     return 0
 
 
-def prepare_train_features(batch: Mapping[str, list], tokenizer: PreTrainedTokenizerBase, max_length: int,
-                           doc_stride: int) -> dict[str, list]:
-    """For `Dataset.map(batched=True, remove_columns=<all>)`: one row per window, with the first gold answer's
-    token `start_positions`/`end_positions`, or the CLS index where the window does not hold all of it."""
-    enc, ctx = _tokenize(batch, tokenizer, max_length, doc_stride)
+def _positions(answers: Mapping[str, list], offsets: list, seq: list, ctx: int, cls: int) -> tuple[int, int]:
+    """The first gold answer's start and end token in a window, or the CLS index where it does not hold all of it."""
+    if not answers["answer_start"]:
+        return cls, cls
+    start_char = answers["answer_start"][0]
+    end_char = start_char + len(answers["text"][0])
+    first = seq.index(ctx)
+    last = len(seq) - 1 - seq[::-1].index(ctx)
+    if offsets[first][0] > start_char or offsets[last][1] < end_char:
+        return cls, cls
+    start, end = first, last
+    while start < last and offsets[start + 1][0] <= start_char:
+        start += 1
+    while end > first and offsets[end - 1][1] >= end_char:
+        end -= 1
+    return start, end
+
+
+def prepare_features(batch: Mapping[str, list], tokenizer: PreTrainedTokenizerBase, max_length: int,
+                     doc_stride: int, evaluation: bool = True) -> dict[str, list]:
+    """For `Dataset.map(batched=True, remove_columns=<all>)`: one row per window; with `answers`, their
+    `start_positions`/`end_positions` (`_positions`); for `evaluation`, the span search's `example_id`,
+    `offset_mapping` ((start, end) characters for context tokens, None elsewhere) and `cls_index`."""
+    right = tokenizer.padding_side == "right"
+    ctx = 1 if right else 0  # the context's sequence id
+    questions = [q.lstrip() for q in batch["question"]]  # some SQuAD questions start with spaces
+    pair = (questions, batch["context"]) if right else (batch["context"], questions)
+    enc = tokenizer(*pair, truncation="only_second" if right else "only_first", max_length=max_length,
+                    stride=doc_stride, return_overflowing_tokens=True, return_offsets_mapping=True,
+                    padding=False if right else "max_length")
     sample = enc.pop("overflow_to_sample_mapping")
     all_offsets = enc.pop("offset_mapping")
     out = dict(enc)
-    out["start_positions"], out["end_positions"] = [], []
-    for i, offsets in enumerate(all_offsets):
-        cls = _cls_index(enc["input_ids"][i], tokenizer)
-        answers = batch["answers"][sample[i]]
-        seq = enc.sequence_ids(i)
-        first = seq.index(ctx)
-        last = len(seq) - 1 - seq[::-1].index(ctx)
-        start = end = cls
-        if answers["answer_start"]:
-            start_char = answers["answer_start"][0]
-            end_char = start_char + len(answers["text"][0])
-            if offsets[first][0] <= start_char and offsets[last][1] >= end_char:
-                start, end = first, last
-                while start < last and offsets[start + 1][0] <= start_char:
-                    start += 1
-                while end > first and offsets[end - 1][1] >= end_char:
-                    end -= 1
-        out["start_positions"].append(start)
-        out["end_positions"].append(end)
+    seqs = [enc.sequence_ids(i) for i in range(len(sample))]
+    cls = [_cls_index(ids, tokenizer) for ids in enc["input_ids"]]
+    if "answers" in batch:
+        positions = [_positions(batch["answers"][s], o, q, ctx, c)
+                     for s, o, q, c in zip(sample, all_offsets, seqs, cls, strict=True)]
+        out["start_positions"] = [start for start, _ in positions]
+        out["end_positions"] = [end for _, end in positions]
+    if evaluation:
+        out["example_id"] = [batch["id"][s] for s in sample]
+        out["offset_mapping"] = [[o if s == ctx else None for o, s in zip(offsets, seq, strict=True)]
+                                 for offsets, seq in zip(all_offsets, seqs, strict=True)]
+        out["cls_index"] = cls
     return out
-
-
-def prepare_eval_features(batch: Mapping[str, list], tokenizer: PreTrainedTokenizerBase, max_length: int,
-                          doc_stride: int) -> dict[str, list]:
-    """For `Dataset.map(batched=True, remove_columns=<all>)`: one row per window with `example_id`,
-    `offset_mapping` ((start, end) characters for context tokens, None elsewhere) and `cls_index`."""
-    enc, ctx = _tokenize(batch, tokenizer, max_length, doc_stride)
-    sample = enc.pop("overflow_to_sample_mapping")
-    out = dict(enc)
-    out["example_id"] = [batch["id"][s] for s in sample]
-    out["offset_mapping"] = [
-        [o if s == ctx else None for o, s in zip(offsets, enc.sequence_ids(i), strict=True)]
-        for i, offsets in enumerate(enc["offset_mapping"])
-    ]
-    out["cls_index"] = [_cls_index(ids, tokenizer) for ids in enc["input_ids"]]
-    return out
-
-
-def postprocess(examples: datasets.Dataset, features: datasets.Dataset, start_logits: Sequence[Any],
-                end_logits: Sequence[Any], n_best: int = 20, max_answer_length: int = 30,
-                version_2: bool = False, null_threshold: float = 0.0) -> dict[str, str]:
-    """Answer text per example id (`scored_answers` without the scores)."""
-    return {k: text for k, (text, _) in scored_answers(examples, features, start_logits, end_logits, n_best,
-                                                        max_answer_length, version_2, null_threshold).items()}
 
 
 def _probability(logits: np.ndarray, allowed: np.ndarray, i: int) -> float:

@@ -1,5 +1,5 @@
-"""SQuAD v1.1/v2.0 exact match and F1 with the official evaluation script's normalisation, as an offline
-`evaluate.Metric` (`evaluate.load("squad")` needs the Hub)."""
+"""SQuAD v1.1/v2.0 exact match and F1 with the official evaluation script's normalisation, written here
+(`evaluate.load("squad")` needs the Hub)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,7 @@ import re
 import string
 from collections import Counter, defaultdict
 
-import datasets
-import evaluate
 import numpy as np
-
-from ampft.tasks.question_answering.squad import ANSWERS
 
 
 def normalize_answer(s: str) -> str:
@@ -32,54 +28,33 @@ def _f1(prediction: str, gold: str, version_2: bool) -> float:
     return 2 * precision * recall / (precision + recall)
 
 
-class Squad(evaluate.Metric):
-    """SQuAD v1.1 exact match and F1 in percent, each the max over the gold answers, as the official script
-    computes them; a reference without a prediction scores 0."""
+def scores(predictions: dict[str, str], references: dict[str, dict], version_2: bool = False) -> dict[str, float]:
+    """Exact match and F1 in percent of the answer texts `predictions` (by question id) against the gold `answers`
+    (`references`, by id), each the max over the gold answers, as the official script computes them; a question
+    without a prediction scores 0. `version_2`: the v2.0 script's rules (an empty prediction matches an
+    unanswerable question, and only it), HasAns_*/NoAns_* scores for the groups present, `total` questions."""
+    groups: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for question, answers in references.items():
+        golds = [t for t in answers["text"] if normalize_answer(t)] if version_2 else list(answers["text"])
+        group = "HasAns" if golds else "NoAns"
+        golds = golds or [""]
+        pred = predictions.get(question)
+        if pred is None:
+            groups[group].append((0.0, 0.0))
+            continue
+        em = max(float(normalize_answer(pred) == normalize_answer(g)) for g in golds)
+        f1 = max(_f1(pred, g, version_2) for g in golds)
+        groups[group].append((em, f1))
 
-    version_2 = False
+    def score(rows: list[tuple[float, float]]) -> tuple[float, float]:
+        em, f1 = np.mean(rows, axis=0) * 100.0 if rows else (0.0, 0.0)
+        return float(em), float(f1)
 
-    def _info(self) -> evaluate.MetricInfo:
-        return evaluate.MetricInfo(
-            description=self.__doc__ or "", citation="",
-            inputs_description="predictions {id, prediction_text}; references {id, answers}",
-            features=datasets.Features({
-                "predictions": {"id": datasets.Value("string"), "prediction_text": datasets.Value("string")},
-                "references": {"id": datasets.Value("string"), "answers": ANSWERS},
-            }),
-        )
-
-    def _compute(self, predictions, references) -> dict[str, float]:
-        predicted = {p["id"]: p["prediction_text"] for p in predictions}
-        groups: dict[str, list[tuple[float, float]]] = defaultdict(list)
-        for ref in references:
-            golds = [t for t in ref["answers"]["text"] if normalize_answer(t)] if self.version_2 \
-                else list(ref["answers"]["text"])
-            group = "HasAns" if golds else "NoAns"
-            golds = golds or [""]
-            pred = predicted.get(ref["id"])
-            if pred is None:
-                groups[group].append((0.0, 0.0))
-                continue
-            em = max(float(normalize_answer(pred) == normalize_answer(g)) for g in golds)
-            f1 = max(_f1(pred, g, self.version_2) for g in golds)
-            groups[group].append((em, f1))
-
-        def score(rows: list[tuple[float, float]]) -> tuple[float, float]:
-            em, f1 = np.mean(rows, axis=0) * 100.0 if rows else (0.0, 0.0)
-            return float(em), float(f1)
-
-        everything = [row for rows in groups.values() for row in rows]
-        out = dict(zip(("exact_match", "f1"), score(everything), strict=True))
-        if self.version_2:
-            out["total"] = len(everything)
-            for group, rows in sorted(groups.items()):
-                out.update(zip((f"{group}_exact_match", f"{group}_f1", f"{group}_total"),
-                               (*score(rows), len(rows)), strict=True))
-        return out
-
-
-class SquadV2(Squad):
-    """SQuAD v2.0: as Squad, with the v2.0 script's rules (an empty prediction matches an unanswerable
-    question, and only it) and HasAns_*/NoAns_* scores for the groups present; `total` counts questions."""
-
-    version_2 = True
+    everything = [row for rows in groups.values() for row in rows]
+    out = dict(zip(("exact_match", "f1"), score(everything), strict=True))
+    if version_2:
+        out["total"] = len(everything)
+        for group, rows in sorted(groups.items()):
+            out.update(zip((f"{group}_exact_match", f"{group}_f1", f"{group}_total"), (*score(rows), len(rows)),
+                           strict=True))
+    return out

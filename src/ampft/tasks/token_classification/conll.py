@@ -5,12 +5,10 @@ tokenizers are padded to `max_length` here, so token positions are final."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 import datasets
-import numpy as np
 from transformers import PreTrainedTokenizerBase
 
 IGNORE_INDEX = -100  # PyTorch's cross-entropy ignore_index: no loss, no prediction read
@@ -59,13 +57,9 @@ def read_conll(path: str | Path, token_column: int = 0, tag_column: int | None =
     return datasets.Dataset.from_dict(columns, features=datasets.Features({c: words for c in columns}))
 
 
-def label_list(data: datasets.Dataset | Iterable[datasets.Dataset]) -> list[str]:
-    """All tags of one or more datasets (a DatasetDict's values too): O first, then sorted."""
-    if isinstance(data, datasets.DatasetDict):
-        data = data.values()
-    elif isinstance(data, datasets.Dataset):
-        data = [data]
-    columns = (ds.select_columns(["tags"]).with_format(None)[:]["tags"] for ds in data)  # one read each
+def label_list(splits: datasets.DatasetDict) -> list[str]:
+    """All tags of the splits: O first, then sorted."""
+    columns = (ds.select_columns(["tags"]).with_format(None)[:]["tags"] for ds in splits.values())  # one read each
     seen = {tag for rows in columns for row in rows for tag in row}
     return ["O", *sorted(seen - {"O"})]
 
@@ -109,19 +103,14 @@ def tokenize_and_align(batch: Mapping[str, list], tokenizer: PreTrainedTokenizer
     return out
 
 
-def predictions_to_tags(predictions: Sequence[Any], word_ids: Sequence[Sequence[int | None]],
+def predictions_to_tags(predictions: Sequence[Sequence[int]], word_ids: Sequence[Sequence[int | None]],
                         id2label: Sequence[str] | Mapping[int, str],
                         num_words: Sequence[int] | None = None) -> list[list[str]]:
-    """One tag per word, its first sub-token's, from logits ([tokens, labels]) or ids ([tokens]) per feature
-    (padding past the feature ignored). Words cut by truncation are tagged O where `num_words` counts them."""
+    """One tag per word, its first sub-token's, from each feature's predicted label ids (padding past the feature
+    ignored). Words cut by truncation are tagged O where `num_words` counts them."""
     out = []
     for i, ids in enumerate(word_ids):
         row = predictions[i]
-        if hasattr(row, "detach"):  # a torch tensor (any dtype, any device)
-            row = row.detach().float().cpu().numpy()
-        row = np.asarray(row)
-        if row.ndim == 2:
-            row = row.argmax(-1)
         n = num_words[i] if num_words is not None else 1 + max((w for w in ids if w is not None), default=-1)
         tags = ["O"] * n
         prev = None

@@ -22,10 +22,8 @@ from transformers import (
 
 from ampft.config import SeqevalMode, TagScheme
 from ampft.data.load import PREDICT, DataError, check_columns, load_splits, read_checked
-from ampft.inference import predict, rows
-from ampft.tasks.base import Family, column_names_unread, encoded, register
-from ampft.tasks.token_classification import conll
-from ampft.tasks.token_classification.seqeval import Seqeval
+from ampft.tasks.base import Family, column_names_unread, gather, register, rows
+from ampft.tasks.token_classification import conll, seqeval
 
 log = logging.getLogger(__name__)
 
@@ -39,11 +37,9 @@ class TokenClassification(Family):
     model_class = AutoModelForTokenClassification
     collator_class = DataCollatorForTokenClassification  # pads `labels` with -100 (no loss)
     pipeline_tag = "token-classification"
-    model_inputs = ("input_ids", "attention_mask", "token_type_ids", "labels")
     extensions = (".txt", ".conll")
     files = "CoNLL files: .txt or .conll, one token per line with its tag in another field, blank line between sentences"
     one_feature_per_example = True
-    evaluates_train_features = False
     scores_in_percent = True
     typical_label_count = 9  # CoNLL-2003's IOB2 tags
 
@@ -81,18 +77,17 @@ class TokenClassification(Family):
     def cache_settings(self, task: DictConfig) -> dict:
         return {"label_all_subtokens": task.label_all_subtokens}
 
-    def tokenize(self, raw: DatasetDict, task: DictConfig, tokenizer: PreTrainedTokenizerBase,
-                 labels: list[str] | None) -> DatasetDict:
-        label2id = {name: i for i, name in enumerate(labels)}
+    def encoder(self, task: DictConfig, tokenizer: PreTrainedTokenizerBase, labels: list[str] | None, split: str):
+        label2id = {name: i for i, name in enumerate(labels or [])}
 
-        def fn(batch):
+        def encode(batch):  # a file to predict has no tags: no labels
             try:
                 return conll.tokenize_and_align(batch, tokenizer, label2id, task.max_length, task.label_all_subtokens)
             except ValueError as exc:
                 raise DataError(f"task={task.name}: {exc}. Fix the data, or set task.labels=[...] to every tag "
                                 "in id order") from None
 
-        return DatasetDict({s: encoded(ds, fn, desc=f"tokenizing {s}") for s, ds in raw.items()})
+        return encode
 
     def evaluate(self, accelerator: Accelerator, model, dataloader: DataLoader, features: Dataset,
                  examples: Dataset, task: DictConfig, labels: list[str] | None,
@@ -104,11 +99,10 @@ class TokenClassification(Family):
             count = (batch["labels"] != conll.IGNORE_INDEX).sum(dim=1)
             return _tag_ids(accelerator, out), token_loss.sum(dim=1), count
 
-        preds, loss_sums, counts = predict(accelerator, model, dataloader, outputs)
+        preds, loss_sums, counts = gather(accelerator, model, dataloader, outputs)
         gold = list(examples["tags"])
         tags = _word_tags(preds, features, labels, gold)
-        scores = Seqeval().compute(predictions=tags, references=gold, scheme=TagScheme(task.tag_scheme).value,
-                                       mode=SeqevalMode(task.seqeval_mode).value)
+        scores = seqeval.scores(tags, gold, TagScheme(task.tag_scheme).value, SeqevalMode(task.seqeval_mode).value)
         results = {k: scores[k] for k in ("precision", "recall", "f1", "accuracy")}
         results.update({k: v for k, v in scores.items() if k.endswith("/f1")})  # per entity type
         results["loss"] = float(torch.cat(loss_sums).sum() / torch.cat(counts).sum().clamp(min=1))
@@ -119,12 +113,9 @@ class TokenClassification(Family):
         # The words only: a file of one word per line, or a CoNLL file whose tags are ignored.
         return _read(path, PREDICT, task.token_column, None)
 
-    def input_features(self, inputs: Dataset, task: DictConfig, tokenizer: PreTrainedTokenizerBase) -> Dataset:
-        return encoded(inputs, lambda batch: conll.tokenize_and_align(batch, tokenizer, {}, task.max_length))
-
     def predict(self, accelerator: Accelerator, model, dataloader: DataLoader, features: Dataset,
                 inputs: Dataset, task: DictConfig, labels: list[str] | None) -> list[dict[str, Any]]:
-        (parts,) = predict(accelerator, model, dataloader, lambda _, out: (_tag_ids(accelerator, out),))
+        (parts,) = gather(accelerator, model, dataloader, lambda _, out: (_tag_ids(accelerator, out),))
         words = list(inputs["tokens"])
         return [{"tokens": w, "tags": t} for w, t in zip(words, _word_tags(parts, features, labels, words), strict=True)]
 

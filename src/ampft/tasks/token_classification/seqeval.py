@@ -6,9 +6,6 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
-import datasets
-import evaluate
-
 SCHEMES = ("IOB1", "IOB2")
 
 
@@ -80,37 +77,26 @@ def _prf(correct: int, predicted: int, gold: int) -> tuple[float, float, float]:
     return p, r, (2 * p * r / (p + r) if p + r else 0.0)
 
 
-class Seqeval(evaluate.Metric):
+def scores(predictions: Sequence[Sequence[str]], references: Sequence[Sequence[str]], scheme: str = "IOB2",
+           mode: str = "default") -> dict[str, float]:
     """Entity-level precision, recall and F1 (micro, and per type) and token accuracy, in percent as conlleval
     prints them, from one list of tags per sentence. Keys: precision, recall, f1, accuracy, <TYPE>/precision,
     /recall, /f1, /number (gold count)."""
-
-    def _info(self) -> evaluate.MetricInfo:
-        tags = datasets.List(datasets.Value("string"))
-        return evaluate.MetricInfo(
-            description=self.__doc__ or "", citation="",
-            inputs_description="predictions and references: one list of IOB tags per sentence",
-            features=datasets.Features({"predictions": tags, "references": tags}),
-        )
-
-    def _compute(self, predictions, references, scheme: str = "IOB2", mode: str = "default"):
-        gold: set[tuple] = set()
-        pred: set[tuple] = set()
-        right = total = 0
-        for i, (p, g) in enumerate(zip(predictions, references, strict=True)):
-            if len(p) != len(g):
-                raise ValueError(f"sentence {i}: {len(p)} predicted tags for {len(g)} reference tags")
-            gold.update((i, *c) for c in entities(g, scheme, mode))
-            pred.update((i, *c) for c in entities(p, scheme, mode))
-            right += sum(a == b for a, b in zip(p, g, strict=True))
-            total += len(g)
-        correct = gold & pred
-        p, r, f = _prf(len(correct), len(pred), len(gold))
-        out: dict[str, float] = {"precision": p, "recall": r, "f1": f,
-                                 "accuracy": 100.0 * right / total if total else 0.0}
-        n_gold, n_pred, n_correct = (Counter(c[1] for c in s) for s in (gold, pred, correct))
-        for kind in sorted(n_gold | n_pred):
-            p, r, f = _prf(n_correct[kind], n_pred[kind], n_gold[kind])
-            out.update({f"{kind}/precision": p, f"{kind}/recall": r, f"{kind}/f1": f,
-                        f"{kind}/number": n_gold[kind]})
-        return out
+    gold: set[tuple] = set()
+    pred: set[tuple] = set()
+    right = total = 0
+    for i, (p, g) in enumerate(zip(predictions, references, strict=True)):
+        if len(p) != len(g):
+            raise ValueError(f"sentence {i}: {len(p)} predicted tags for {len(g)} reference tags")
+        gold.update((i, *c) for c in entities(g, scheme, mode))
+        pred.update((i, *c) for c in entities(p, scheme, mode))
+        right += sum(a == b for a, b in zip(p, g, strict=True))
+        total += len(g)
+    correct = gold & pred
+    p, r, f = _prf(len(correct), len(pred), len(gold))
+    out: dict[str, float] = {"precision": p, "recall": r, "f1": f, "accuracy": 100.0 * right / total if total else 0.0}
+    n_gold, n_pred, n_correct = (Counter(c[1] for c in s) for s in (gold, pred, correct))
+    for kind in sorted(n_gold | n_pred):
+        p, r, f = _prf(n_correct[kind], n_pred[kind], n_gold[kind])
+        out.update({f"{kind}/precision": p, f"{kind}/recall": r, f"{kind}/f1": f, f"{kind}/number": n_gold[kind]})
+    return out
