@@ -8,7 +8,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import fcntl
-import functools
 import json
 import logging
 import math
@@ -40,6 +39,7 @@ from ampft import checkpointing, distributed, precision, tasks
 from ampft.config import ConfigError, OptimImplementation, flat, metric_mode, process_start, to_plain
 from ampft.data import build_dataloaders, eval_dataloader, prepare_data
 from ampft.data.load import extra_split_names
+from ampft.devices import cpu_name
 from ampft.engine import Training, TrainingDiverged, TrainState, fit, weights_finite
 from ampft.errors import Preempted
 from ampft.models import build_model, load_tokenizer
@@ -106,7 +106,6 @@ def run(cfg: DictConfig, run_dir: Path, started: float | None = None, validated:
     held = contextlib.ExitStack()  # the run dir's lock, released when the run ends however it ends
     try:
         training, tokenizer, ran_precision = build(cfg, run_dir, held, validated)
-        end_process_group_at_exit()
         setup_seconds = time.perf_counter() - started  # to the first training step: model, data, cache
         try:
             fit(training)
@@ -131,14 +130,11 @@ def run(cfg: DictConfig, run_dir: Path, started: float | None = None, validated:
         reset_accelerate()
 
 
-@functools.cache
-def end_process_group_at_exit() -> None:
+@atexit.register
+def end_process_group() -> None:
     """The process group outlives each run (export barriers, multirun jobs): destroyed once, at exit."""
-    def end() -> None:
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
-
-    atexit.register(end)
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 def reset_accelerate() -> None:
@@ -411,7 +407,7 @@ def summarize(training: Training, ran_precision: str, started: float,
                                                training.state)
     unwrapped, device = accelerator.unwrap_model(model), accelerator.device
     peak, peak_kind = peak_memory_bytes(device)
-    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else precision.cpu_name()
+    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
     seconds = max(state.train_seconds, 1e-9)
     return dict(
         run_dir=str(run_dir), model=cfg.model.name, task=cfg.task.name, task_family=cfg.task.family,
