@@ -196,10 +196,11 @@ def build(cfg: DictConfig, run_dir: Path, held: contextlib.ExitStack | None = No
     state = TrainState()  # checkpointed as JSON by checkpointing.save, not registered with Accelerate
 
     if resume is not None:
-        fresh = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+        groups = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]  # as configured
+        scaler_state = None if accelerator.scaler is None else accelerator.scaler.state_dict()
         state.load_state_dict(checkpointing.load(accelerator, resume, scheduler))
         if changed:
-            apply_changes(accelerator, optimizer, scheduler, cfg, fresh, changed)
+            apply_changes(accelerator, optimizer, scheduler, cfg, changed, groups, scaler_state)
         continue_epoch(state, resume, cfg, accelerator.num_processes)
         log.info("resumed from %s at step %d (epoch %d, batch %d)", resume, state.step, state.epoch,
                  state.batch_in_epoch)
@@ -220,33 +221,25 @@ def build(cfg: DictConfig, run_dir: Path, held: contextlib.ExitStack | None = No
     return training, tokenizer, ran_precision
 
 
-def apply_changes(accelerator: Accelerator, optimizer, scheduler, cfg: DictConfig, fresh: list[dict],
-                  changed: list[str]) -> None:
+def apply_changes(accelerator: Accelerator, optimizer, scheduler, cfg: DictConfig, changed: list[str],
+                  groups: list[dict], scaler_state: dict | None) -> None:
     """An allowed config change takes effect on resume: the checkpoint put back the optimizer's settings, the
-    schedule's base lr and the scaler's; re-applied from the config (`fresh`: the param groups as built), the
-    scale reset when `changed` names init_scale/static_scale. What cannot be applied `check_config` refuses."""
+    schedule's base lr and the loss scaler's. `groups` and `scaler_state` are those as built from the config,
+    re-applied here; the scale itself only when `changed` names init_scale/static_scale, else it goes on from the
+    checkpoint's. What cannot be applied `check_config` refuses."""
     sched = getattr(scheduler, "scheduler", scheduler)  # Accelerate's wrapper, or the bare one (DeepSpeed)
-    for group, built in zip(optimizer.param_groups, fresh, strict=True):
-        group.update({k: v for k, v in built.items() if k not in ("lr", "initial_lr")})
-        group["initial_lr"] = cfg.optim.lr
     sched.base_lrs = [cfg.optim.lr] * len(optimizer.param_groups)
-    lrs = [base * factor(sched.last_epoch) for base, factor in zip(sched.base_lrs, sched.lr_lambdas, strict=True)]
-    for group, lr in zip(optimizer.param_groups, lrs, strict=True):
-        group["lr"] = lr
-    sched._last_lr = lrs
-    scaler, p = accelerator.scaler, cfg.precision
-    if scaler is not None:
-        scaler.set_growth_factor(p.growth_factor)
-        scaler.set_backoff_factor(p.backoff_factor)
-        scaler.set_growth_interval(p.growth_interval if p.static_scale is None else 2**31 - 1)
-        if any(c.startswith(("precision.init_scale:", "precision.static_scale:")) for c in changed):
-            scale = float(p.init_scale if p.static_scale is None else p.static_scale)
-            if scaler._scale is None:  # GradScaler creates its scale tensor at the first step, from _init_scale
-                scaler._init_scale = scale
-            else:
-                scaler.update(new_scale=scale)
-    log.info("resumed with the config as given: lr %s (schedule step %d), loss scale %s", lrs[0], sched.last_epoch,
-             None if scaler is None else scaler.get_scale())
+    sched._last_lr = [base * factor(sched.last_epoch) for base, factor in zip(sched.base_lrs, sched.lr_lambdas,
+                                                                               strict=True)]
+    for group, built, lr in zip(optimizer.param_groups, groups, sched._last_lr, strict=True):
+        group.update(built, lr=lr)  # as built (initial_lr: the new optim.lr), at the schedule's current step
+    if (scaler := accelerator.scaler) is not None:
+        if not any(c.startswith(("precision.init_scale:", "precision.static_scale:")) for c in changed):
+            loaded = scaler.state_dict()
+            scaler_state = {**scaler_state, "scale": loaded["scale"], "_growth_tracker": loaded["_growth_tracker"]}
+        scaler.load_state_dict(scaler_state)
+    log.info("resumed with the config as given: lr %s (schedule step %d), loss scale %s", sched._last_lr[0],
+             sched.last_epoch, None if scaler is None else scaler.get_scale())
 
 
 def continue_epoch(state: TrainState, resume: Path, cfg: DictConfig, world_size: int) -> None:
