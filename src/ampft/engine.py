@@ -286,10 +286,11 @@ class Window:
         self.acc, self.p, self.st = acc, p, st
         self.own = (Path(run_dir) / "checkpoints").resolve()  # health verdicts are written only in here
         zero = functools.partial(torch.zeros, (), device=acc.device)
+        count = functools.partial(torch.zeros, (), dtype=torch.long, device=acc.device)
         # On the device: the loss sums of the window and of the current step attempt (its non-finite check, and a
         # pending checkpoint's verdict), the tokens, the current and the longest run of steps with a non-finite loss.
         self.loss, self.step_loss = zero(), zero()
-        self.tokens, self.run, self.worst = zero(dtype=torch.long), zero(dtype=torch.long), zero(dtype=torch.long)
+        self.tokens, self.run, self.worst = count(), count(), count()
         self.batches = self.step_batches = self.skipped = self.samples = self.attempts = 0
         self.first: torch.Tensor | None = None  # the first micro-batch's loss (st.initial_loss at the first check)
         self.grad_norm: torch.Tensor | None = None  # kept across windows: without clipping only logged steps have one
