@@ -119,36 +119,47 @@ def verify(path: Path, content: bool = True) -> list[str]:
     return problems
 
 
-def scan(run_dir: Path, content: bool = False) -> tuple[list[Path], list[Path], list[tuple[Path, str]]]:
+def scan(run_dir: Path) -> tuple[list[Path], list[Path], list[tuple[Path, str]]]:
     """(complete checkpoints off the line going on, oldest first; the line going on, from its start; [(skipped
-    folder, why)]). The line is traced through every sealed manifest, damaged files or not: a damaged newest
-    save still ends the line at its parent, not at another line's. A line marker newer than every save means a
-    run started from its `parent` and has not saved yet: the line ends there."""
+    folder, why)]). A line marker newer than every save means a run started from its `parent` and has not saved
+    yet: the line ends there."""
     root = Path(run_dir) / "checkpoints"
     good, sealed, skipped = [], {}, []
     for p in sorted(root.glob("step_*")):
         if not STEP_DIR.match(p.name):
             skipped.append((p, "an unfinished save or deletion (temporary folder)"))
             continue
-        with contextlib.suppress(ValueError, OSError, AttributeError):  # unreadable, torn or not a JSON object
-            if (body := manifest(p)).get(SEAL) == _seal(body):
-                sealed[p] = body
-        if problems := verify(p, content):
+        if (body := _sealed(p)) is not None:
+            sealed[p] = body
+        if problems := verify(p, content=False):
             skipped.append((p, "; ".join(problems)))
         else:
             good.append(p)
     by_seq = sorted(sealed, key=lambda p: (sealed[p].get("seq", 0), sealed[p].get("created", 0), int(p.name[5:])))
-    start, line, parent = _line_start(root), [], None
+    start, line = _line_start(root), lineage(by_seq[-1]) if by_seq else []
     if by_seq and start is not None and start.get("seq", 0) > sealed[by_seq[-1]].get("seq", 0):
         parent = start.get("parent")
-    elif by_seq:
-        line, parent = [by_seq[-1]], sealed[by_seq[-1]].get("parent")
-    names = {p.name: p for p in sealed}
-    while parent and (p := names.get(parent.get("name"))) is not None and sealed[p].get("seq") == parent.get("seq") \
-            and p not in line:
-        line.append(p)
-        parent = sealed[p].get("parent")
+        line = lineage(root / parent["name"], parent.get("seq")) if parent else []
     return [p for p in by_seq if p in good and p not in line], [p for p in line[::-1] if p in good], skipped
+
+
+def _sealed(path: Path) -> dict[str, Any] | None:
+    """A checkpoint's manifest if its seal holds (None: missing, unreadable, torn or edited)."""
+    with contextlib.suppress(ValueError, OSError, AttributeError):  # unreadable, torn or not a JSON object
+        if (body := manifest(path)).get(SEAL) == _seal(body):
+            return body
+    return None
+
+
+def lineage(path: Path | None, seq: int | None = None) -> list[Path]:
+    """`path` (if its manifest says `seq`, when given) and its ancestors, newest first: the chain of parents traced
+    through sealed manifests, damaged files or not, so a damaged newest save still ends a line at its parent."""
+    line: list[Path] = []
+    while path is not None and path not in line and (body := _sealed(path)) and seq in (None, body.get("seq")):
+        line.append(path)
+        parent = body.get("parent")
+        path, seq = (path.parent / parent["name"], parent.get("seq")) if parent else (None, None)
+    return line
 
 
 def checkpoints(run_dir: Path) -> list[Path]:
@@ -202,15 +213,7 @@ def record_health(path: Path, ok: bool, loss: float | None, step: int, why: str 
 
 def known_good(path: Path | None) -> Path | None:
     """The newest known-good checkpoint among `path` and its ancestors (None if none is left)."""
-    seen = set()
-    while path is not None and path.is_dir() and path not in seen and not verify(path, content=False):
-        seen.add(path)
-        if healthy(path):
-            return path
-        parent = manifest(path).get("parent")
-        nxt = path.parent / parent["name"] if parent else None
-        path = nxt if nxt is not None and nxt.is_dir() and manifest(nxt).get("seq") == parent["seq"] else None
-    return None
+    return next((p for p in lineage(path) if healthy(p) and not verify(p, content=False)), None)
 
 
 def clean(root: Path) -> None:
@@ -261,13 +264,12 @@ def save(accelerator: Accelerator, run_dir: Path, step: int, info: dict[str, Any
             (tmp / "config.yaml").write_text(OmegaConf.to_yaml(config))
             model_config.to_json_file(tmp / "config.json")  # the architecture, to evaluate this checkpoint alone
             names = [str(p.relative_to(tmp)) for p in sorted(tmp.rglob("*")) if p.is_file()]
-            lineage = None
+            ref = None
             if parent is not None and (Path(parent) / MANIFEST).is_file():
-                lineage = {"name": Path(parent).name, "seq": manifest(parent).get("seq", 0)}
-            config_hash = hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:16]
+                ref = {"name": Path(parent).name, "seq": manifest(parent).get("seq", 0)}
             write_manifest(tmp, {  # written last: its presence means complete
-                "step": step, **info, "config_hash": config_hash, "created": time.time(), "seq": _next_seq(root),
-                "parent": lineage, "run_id": run_id, "health": None, "world_size": accelerator.num_processes,
+                "step": step, **info, "created": time.time(), "seq": _next_seq(root), "parent": ref, "run_id": run_id,
+                "health": None, "world_size": accelerator.num_processes,
                 "data": data_digests(config), "files": {n: (tmp / n).stat().st_size for n in names},
                 HASH: digests(tmp, names, sync=True)})  # read back and flushed to disk
     except Exception as exc:
@@ -385,14 +387,11 @@ def load(accelerator: Accelerator, path: Path, scheduler=None) -> dict[str, Any]
         raise CheckpointError(
             f"checkpoint {path} holds {', '.join(pickles)}: a pickle, which ampft never loads (unpickling runs "
             f"code). Checkpoints of this ampft keep the training state in {TRAIN_STATE}; resume from one of those.")
-    if not (path / TRAIN_STATE).is_file():
-        raise CheckpointError(f"checkpoint {path} has no {TRAIN_STATE}: not an ampft checkpoint of this version")
     try:
         state = json.loads((path / TRAIN_STATE).read_text())
-    except ValueError as exc:
-        raise CheckpointError(f"checkpoint {path}: {TRAIN_STATE} is not valid JSON: {exc}") from None
-    if not isinstance(state, dict):
-        raise CheckpointError(f"checkpoint {path}: {TRAIN_STATE} must hold an object, not {type(state).__name__}")
+    except (OSError, ValueError) as exc:  # its keys and types are TrainState's to check
+        raise CheckpointError(f"checkpoint {path}: no readable {TRAIN_STATE} ({exc}): not an ampft checkpoint of "
+                              "this version") from None
     # Accelerate loads the RNG states weights-only too, but on failure it only logs and goes on (the resume
     # would silently not be exact): read them first, the same way, and refuse instead.
     for rng in sorted(path.glob("random_states_*.pkl")):

@@ -6,6 +6,7 @@ advances neither it nor the LR scheduler, and is counted in `state.skipped` (doc
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import signal
@@ -63,12 +64,11 @@ def fit(t: Training) -> TrainState:
                 if not result.synced:  # inside a gradient accumulation (trainer.grad_accum)
                     continue
                 st.skipped += result.skipped  # fp16 overflow: no update, no scheduler step; counted apart
-                window.end_step(st.step, result.skipped)  # the divergence checks of each step attempt
+                window.end_step(st.step, result.skipped)  # divergence checks; a new checkpoint's verdict
                 if result.skipped:
                     continue
                 st.step += 1
                 t.tracker.advance()
-                window.judge(st.step)  # the first update from a checkpoint: the verdict on its weights
 
                 # Every N steps, in this order: log, evaluate, checkpoint (which may rank by this evaluation).
                 if st.step % tr.log_every == 0 or st.step == t.max_steps:
@@ -97,7 +97,7 @@ def fit(t: Training) -> TrainState:
                     done = stop_early(t)
 
         window.close(st)  # the last, partial logging window
-        window.check(st.step)
+        window.check(st.step, st.last_loss)
         st.loss_scale = window.scale
         if st.eval_step != st.step:
             evaluate(t, window)
@@ -131,7 +131,7 @@ def log_window(t: Training, window: Window) -> None:
     if window.scale is not None:
         values["loss_scale"] = window.scale
     t.tracker.log("train", st.step, values)  # NaN and inf are logged as they are
-    window.check(st.step)
+    window.check(st.step, st.last_loss)
 
 
 def evaluate(t: Training, window: Window) -> dict[str, float]:
@@ -275,8 +275,8 @@ class Window:
     skipped steps, tokens, samples, time, the newest gradient norm and applied learning rate. The divergence guard
     watches the same losses, without a host sync per step: runs of non-finite steps (a device-side counter read
     every `max_consecutive_nonfinite` attempts and at every `check`), the fp16 loss scale (read after every step:
-    GradScaler syncs there anyway), a loss explosion (the mean since the last `check` against the first loss).
-    `check` runs at logging points and before every checkpoint, so none is written after exploded losses.
+    GradScaler syncs there anyway), a loss explosion (the window's mean against the first loss). `check` runs at
+    logging points and before every checkpoint, so none is written after exploded losses.
 
     A loss is computed with the weights before the update, so a checkpoint is known good only once the first
     update trained from it passes the same checks (the verdict goes into its manifest); a divergence marks the
@@ -285,18 +285,17 @@ class Window:
     def __init__(self, acc: Accelerator, p: DictConfig, st: TrainState, run_dir: Path):
         self.acc, self.p, self.st = acc, p, st
         self.own = (Path(run_dir) / "checkpoints").resolve()  # health verdicts are written only in here
-        zero = lambda dtype=torch.float: torch.zeros((), dtype=dtype, device=acc.device)  # noqa: E731
-        # Loss sums on the device, and their counts: the logging window's, since the last `check` (the divergence
-        # guard's), and those computed with the pending checkpoint's weights (its health).
-        self.loss, self.unchecked, self.probe_sum = zero(), zero(), zero()
-        self.batches = self.unchecked_n = self.probe_n = self.skipped = self.samples = self.attempts = 0
+        zero = functools.partial(torch.zeros, (), device=acc.device)
+        count = functools.partial(torch.zeros, (), dtype=torch.long, device=acc.device)
+        # On the device: the loss sums of the window and of the current step attempt (its non-finite check, and a
+        # pending checkpoint's verdict), the tokens, the current and the longest run of steps with a non-finite loss.
+        self.loss, self.step_loss = zero(), zero()
+        self.tokens, self.run, self.worst = count(), count(), count()
+        self.batches = self.step_batches = self.skipped = self.samples = self.attempts = 0
         self.first: torch.Tensor | None = None  # the first micro-batch's loss (st.initial_loss at the first check)
-        self.tokens = zero(torch.long)
         self.grad_norm: torch.Tensor | None = None  # kept across windows: without clipping only logged steps have one
         self.lr: float | None = None
         self.tic = time.perf_counter()
-        # Non-finite losses: in this step, the current run of such steps, the longest run.
-        self.step_bad, self.run, self.worst = zero(torch.bool), zero(torch.long), zero(torch.long)
         self.scale = acc.scaler.get_scale() if acc.scaler is not None else None
         self.history: deque[tuple[int, float]] = deque([] if self.scale is None else [(0, self.scale)], maxlen=12)
         self.pending: Path | None = None  # the newest checkpoint, its own weights not judged yet
@@ -307,27 +306,24 @@ class Window:
         """One micro-batch (no host sync)."""
         loss = step.loss.detach().float()
         self.loss += loss
-        self.unchecked += loss
+        self.step_loss += loss
         self.batches += 1
-        self.unchecked_n += 1
-        if self.pending is not None:
-            self.probe_sum += loss
-            self.probe_n += 1
+        self.step_batches += 1
         if self.first is None and self.st.initial_loss is None:
             self.first = loss.clone()
-        self.step_bad |= ~torch.isfinite(loss)
         self.grad_norm = self.grad_norm if step.grad_norm is None else step.grad_norm
         self.lr = self.lr if step.lr is None else step.lr
         self.tokens += sum(chunk["attention_mask"].sum() for chunk in chunks)
         self.samples += sum(chunk["input_ids"].shape[0] for chunk in chunks)  # QA batches have no labels
 
     def end_step(self, step: int, skipped: bool) -> None:
-        """After each optimizer step attempt (applied or `skipped`): the run of non-finite steps, the loss scale."""
+        """After each optimizer step attempt (applied or `skipped`, `step` updates before it): the run of non-finite
+        steps, the loss scale; the first update applied from a pending checkpoint judges its weights (one host
+        sync per checkpoint)."""
         self.skipped += skipped
         self.attempts += 1
-        self.run = (self.run + 1) * self.step_bad
+        self.run = (self.run + 1) * ~torch.isfinite(self.step_loss)
         self.worst = torch.maximum(self.worst, self.run)
-        self.step_bad.zero_()
         if self.scale is not None:
             scale = self.acc.scaler.get_scale()
             if scale != self.scale:
@@ -338,9 +334,14 @@ class Window:
                                  f"{self.p.min_scale:g}")
         if self.attempts % self.p.max_consecutive_nonfinite == 0:
             self.check_nonfinite(step)
-        if skipped:  # the pending checkpoint's verdict is taken from the update that is applied
-            self.probe_sum.zero_()
-            self.probe_n = 0
+        if self.pending is not None and not skipped:  # the verdict is taken from an update that is applied
+            loss = float(self.acc.reduce(self.step_loss, reduction="mean")) / self.step_batches
+            if why := self.exploded(loss):
+                self.fail(step + 1, f"{why} in the first update trained from checkpoint {self.pending.name}", loss)
+            self.record(True, loss, step + 1)
+            self.good, self.pending, self.good_health = self.pending, None, {"loss": loss, "step": step + 1}
+        self.step_loss.zero_()
+        self.step_batches = 0
 
     def fold(self, st: TrainState) -> None:
         """Add the tokens and samples counted and the time since the last fold or restart (one host sync)."""
@@ -355,30 +356,28 @@ class Window:
         """Training time starts again (after an evaluation or a checkpoint, which it does not count)."""
         self.tic = time.perf_counter()
 
+    def mean(self) -> float:
+        """The window's mean loss over all ranks (a host sync); NaN for an empty window."""
+        return float(self.acc.reduce(self.loss, reduction="mean")) / self.batches if self.batches else math.nan
+
     def close(self, st: TrainState) -> int:
-        """Fold, then the window's losses into the state (the host sync for the loss); a new window starts.
-        Returns the steps it skipped."""
+        """Fold, then the window's losses into the state; a new window starts. Returns the steps it skipped."""
         self.fold(st)
         if self.batches:
-            total = float(self.acc.reduce(self.loss, reduction="mean"))
-            st.loss_sum += total
+            st.last_loss = self.mean()
+            st.loss_sum += st.last_loss * self.batches
             st.loss_batches += self.batches
-            st.last_loss = total / self.batches
             self.loss.zero_()
         skipped, self.skipped, self.batches = self.skipped, 0, 0
         return skipped
 
-    def check(self, step: int) -> None:
-        """The divergence checks: runs of non-finite losses, then the mean loss since the last check against the
-        initial loss (a host sync each)."""
+    def check(self, step: int, mean: float | None = None) -> None:
+        """The divergence checks: runs of non-finite losses, then the window's `mean` loss (default: read now)
+        against the initial loss (a host sync each)."""
         self.check_nonfinite(step)
-        if not self.unchecked_n:
-            return
-        mean = float(self.acc.reduce(self.unchecked, reduction="mean")) / self.unchecked_n
-        self.unchecked.zero_()
-        self.unchecked_n = 0
         if self.st.initial_loss is None and self.first is not None:
             self.st.initial_loss = float(self.acc.reduce(self.first, reduction="mean"))
+        mean = self.mean() if mean is None else mean
         if math.isfinite(mean) and (why := self.exploded(mean)):  # non-finite: the run count decides
             self.fail(step, f"{why} (the mean over the last steps)")
 
@@ -399,30 +398,14 @@ class Window:
         return None
 
     def track(self, checkpoint: Path | None) -> None:
-        """`checkpoint` was just saved, or resumed from: the next update trains from its weights."""
+        """`checkpoint` was just saved, or resumed from: the next update trains from its weights. Resumed from, it
+        may be judged already; else the newest known good is among its ancestors."""
         if checkpoint is None:
             return
-        if checkpointing.healthy(checkpoint):
-            self.pending = None
-            self.good, self.good_health = checkpoint, checkpointing.manifest(checkpoint)["health"]
-        else:
-            self.pending = checkpoint
-            if self.good is None:  # a resume: the newest known good among its ancestors
-                self.good = checkpointing.known_good(checkpoint)
-                self.good_health = {} if self.good is None else checkpointing.manifest(self.good)["health"]
-        self.probe_sum.zero_()
-        self.probe_n = 0
-
-    def judge(self, step: int) -> None:
-        """After the first applied update trained from the pending checkpoint (`step`): its weights' losses
-        decide its health (one host sync per checkpoint)."""
-        if self.pending is None or not self.probe_n:
-            return
-        loss = float(self.acc.reduce(self.probe_sum, reduction="mean")) / self.probe_n
-        if why := self.exploded(loss):
-            self.fail(step, f"{why} in the first update trained from checkpoint {self.pending.name}", loss)
-        self.record(True, loss, step)
-        self.good, self.pending, self.good_health = self.pending, None, {"loss": loss, "step": step}
+        self.pending = None if checkpointing.healthy(checkpoint) else checkpoint
+        if self.pending is None or self.good is None:
+            self.good = checkpointing.known_good(checkpoint)
+            self.good_health = {} if self.good is None else checkpointing.manifest(self.good)["health"]
 
     def record(self, ok: bool, loss: float | None, step: int, why: str | None = None) -> bool:
         """The pending checkpoint's verdict into its manifest, by the main process, only if it is in this run dir
@@ -522,6 +505,9 @@ class TrainState:
     def load_state_dict(self, state: dict) -> None:
         """Exactly the known fields, each of its type (a checkpoint's train_state.json is data, never code)."""
         known = {f.name: f.type for f in fields(self)}
+        if not isinstance(state, dict):
+            raise checkpointing.CheckpointError(f"{checkpointing.TRAIN_STATE} holds a {type(state).__name__}, not "
+                                                "an ampft training state")
         problems = [f"unknown key {k!r}" for k in state if k not in known]
         problems += [f"missing key {k!r}" for k in known if k not in state]
         problems += [f"{k}={v!r} is not of type {known[k]}" for k, v in state.items()

@@ -8,7 +8,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import fcntl
-import functools
 import json
 import logging
 import math
@@ -40,6 +39,7 @@ from ampft import checkpointing, distributed, precision, tasks
 from ampft.config import ConfigError, OptimImplementation, flat, metric_mode, process_start, to_plain
 from ampft.data import build_dataloaders, eval_dataloader, prepare_data
 from ampft.data.load import extra_split_names
+from ampft.devices import cpu_name
 from ampft.engine import Training, TrainingDiverged, TrainState, fit, weights_finite
 from ampft.errors import Preempted
 from ampft.models import build_model, load_tokenizer
@@ -106,7 +106,6 @@ def run(cfg: DictConfig, run_dir: Path, started: float | None = None, validated:
     held = contextlib.ExitStack()  # the run dir's lock, released when the run ends however it ends
     try:
         training, tokenizer, ran_precision = build(cfg, run_dir, held, validated)
-        end_process_group_at_exit()
         setup_seconds = time.perf_counter() - started  # to the first training step: model, data, cache
         try:
             fit(training)
@@ -131,14 +130,11 @@ def run(cfg: DictConfig, run_dir: Path, started: float | None = None, validated:
         reset_accelerate()
 
 
-@functools.cache
-def end_process_group_at_exit() -> None:
+@atexit.register
+def end_process_group() -> None:
     """The process group outlives each run (export barriers, multirun jobs): destroyed once, at exit."""
-    def end() -> None:
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
-
-    atexit.register(end)
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 def reset_accelerate() -> None:
@@ -200,10 +196,11 @@ def build(cfg: DictConfig, run_dir: Path, held: contextlib.ExitStack | None = No
     state = TrainState()  # checkpointed as JSON by checkpointing.save, not registered with Accelerate
 
     if resume is not None:
-        fresh = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+        groups = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]  # as configured
+        scaler_state = None if accelerator.scaler is None else accelerator.scaler.state_dict()
         state.load_state_dict(checkpointing.load(accelerator, resume, scheduler))
         if changed:
-            apply_changes(accelerator, optimizer, scheduler, cfg, fresh, changed)
+            apply_changes(accelerator, optimizer, scheduler, cfg, changed, groups, scaler_state)
         continue_epoch(state, resume, cfg, accelerator.num_processes)
         log.info("resumed from %s at step %d (epoch %d, batch %d)", resume, state.step, state.epoch,
                  state.batch_in_epoch)
@@ -224,33 +221,25 @@ def build(cfg: DictConfig, run_dir: Path, held: contextlib.ExitStack | None = No
     return training, tokenizer, ran_precision
 
 
-def apply_changes(accelerator: Accelerator, optimizer, scheduler, cfg: DictConfig, fresh: list[dict],
-                  changed: list[str]) -> None:
+def apply_changes(accelerator: Accelerator, optimizer, scheduler, cfg: DictConfig, changed: list[str],
+                  groups: list[dict], scaler_state: dict | None) -> None:
     """An allowed config change takes effect on resume: the checkpoint put back the optimizer's settings, the
-    schedule's base lr and the scaler's; re-applied from the config (`fresh`: the param groups as built), the
-    scale reset when `changed` names init_scale/static_scale. What cannot be applied `check_config` refuses."""
+    schedule's base lr and the loss scaler's. `groups` and `scaler_state` are those as built from the config,
+    re-applied here; the scale itself only when `changed` names init_scale/static_scale, else it goes on from the
+    checkpoint's. What cannot be applied `check_config` refuses."""
     sched = getattr(scheduler, "scheduler", scheduler)  # Accelerate's wrapper, or the bare one (DeepSpeed)
-    for group, built in zip(optimizer.param_groups, fresh, strict=True):
-        group.update({k: v for k, v in built.items() if k not in ("lr", "initial_lr")})
-        group["initial_lr"] = cfg.optim.lr
     sched.base_lrs = [cfg.optim.lr] * len(optimizer.param_groups)
-    lrs = [base * factor(sched.last_epoch) for base, factor in zip(sched.base_lrs, sched.lr_lambdas, strict=True)]
-    for group, lr in zip(optimizer.param_groups, lrs, strict=True):
-        group["lr"] = lr
-    sched._last_lr = lrs
-    scaler, p = accelerator.scaler, cfg.precision
-    if scaler is not None:
-        scaler.set_growth_factor(p.growth_factor)
-        scaler.set_backoff_factor(p.backoff_factor)
-        scaler.set_growth_interval(p.growth_interval if p.static_scale is None else 2**31 - 1)
-        if any(c.startswith(("precision.init_scale:", "precision.static_scale:")) for c in changed):
-            scale = float(p.init_scale if p.static_scale is None else p.static_scale)
-            if scaler._scale is None:  # GradScaler creates its scale tensor at the first step, from _init_scale
-                scaler._init_scale = scale
-            else:
-                scaler.update(new_scale=scale)
-    log.info("resumed with the config as given: lr %s (schedule step %d), loss scale %s", lrs[0], sched.last_epoch,
-             None if scaler is None else scaler.get_scale())
+    sched._last_lr = [base * factor(sched.last_epoch) for base, factor in zip(sched.base_lrs, sched.lr_lambdas,
+                                                                               strict=True)]
+    for group, built, lr in zip(optimizer.param_groups, groups, sched._last_lr, strict=True):
+        group.update(built, lr=lr)  # as built (initial_lr: the new optim.lr), at the schedule's current step
+    if (scaler := accelerator.scaler) is not None:
+        if not any(c.startswith(("precision.init_scale:", "precision.static_scale:")) for c in changed):
+            loaded = scaler.state_dict()
+            scaler_state = {**scaler_state, "scale": loaded["scale"], "_growth_tracker": loaded["_growth_tracker"]}
+        scaler.load_state_dict(scaler_state)
+    log.info("resumed with the config as given: lr %s (schedule step %d), loss scale %s", sched._last_lr[0],
+             sched.last_epoch, None if scaler is None else scaler.get_scale())
 
 
 def continue_epoch(state: TrainState, resume: Path, cfg: DictConfig, world_size: int) -> None:
@@ -411,7 +400,7 @@ def summarize(training: Training, ran_precision: str, started: float,
                                                training.state)
     unwrapped, device = accelerator.unwrap_model(model), accelerator.device
     peak, peak_kind = peak_memory_bytes(device)
-    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else precision.cpu_name()
+    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
     seconds = max(state.train_seconds, 1e-9)
     return dict(
         run_dir=str(run_dir), model=cfg.model.name, task=cfg.task.name, task_family=cfg.task.family,

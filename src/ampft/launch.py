@@ -117,10 +117,10 @@ def accelerate_launch(argv: list[str]) -> None:
     from accelerate.commands.launch import launch_command, launch_command_parser
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-    from ampft.errors import AmpftError, Preempted
+    from ampft.errors import AmpftError, Preempted, TrainingDiverged
 
     started = time.time()
-    ours = {c.exit_code for c in _subclasses(AmpftError)}
+    ours = {AmpftError.exit_code, TrainingDiverged.exit_code, Preempted.exit_code}
     try:
         launch_command(launch_command_parser().parse_args(argv))
         return
@@ -137,10 +137,6 @@ def accelerate_launch(argv: list[str]) -> None:
             and marker.stat().st_mtime >= started:
         code = Preempted.exit_code
     sys.exit(code)
-
-
-def _subclasses(cls: type) -> list[type]:
-    return [cls, *(s for sub in cls.__subclasses__() for s in _subclasses(sub))]
 
 
 def main(argv: list[str]) -> None:

@@ -20,7 +20,7 @@ from accelerate.utils import GradScalerKwargs
 from omegaconf import DictConfig
 
 from ampft.config import Precision
-from ampft.devices import CPU_SPEED_DOC, cpu_flags, cpu_fp16_note, cpu_half_support, cpu_name  # noqa: F401 (finetune)
+from ampft.devices import CPU_SPEED_DOC, cpu_flags, cpu_fp16_note, cpu_half_support
 
 log = logging.getLogger(__name__)
 

@@ -7,8 +7,7 @@ import json
 import logging
 import os
 import resource
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -39,22 +38,12 @@ def log_with(logger: str) -> str | None:
     return logger
 
 
-@contextmanager
-def clean_console() -> Iterator[None]:
+def clean_console() -> AbstractContextManager:
     """One console for a run: log lines go through tqdm (never inside the bar's line), and the only bar is
-    ampft's own (datasets' and transformers' bars are off for the run, restored afterwards)."""
-    bars = [(datasets.is_progress_bar_enabled(), datasets.enable_progress_bars, datasets.disable_progress_bars),
-            (transformers.utils.logging.is_progress_bar_enabled(), transformers.utils.logging.enable_progress_bar,
-             transformers.utils.logging.disable_progress_bar)]
-    for _, _, off in bars:
-        off()
-    try:
-        with logging_redirect_tqdm():
-            yield
-    finally:
-        for was, on, _ in bars:
-            if was:
-                on()
+    ampft's own (datasets' and transformers' bars are off for the rest of the recipe's process)."""
+    datasets.disable_progress_bars()
+    transformers.utils.logging.disable_progress_bar()
+    return logging_redirect_tqdm()
 
 
 def tracker_kwargs(logger: str, run_dir: Path) -> dict[str, dict]:

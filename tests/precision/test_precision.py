@@ -10,7 +10,7 @@ import torch
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState, GradientState
 
-from ampft import precision
+from ampft import devices, precision
 from ampft.config import ConfigError
 from ampft.validation import validate
 
@@ -164,17 +164,17 @@ def test_cpu_flags_are_read_from_cpuinfo():
     assert {"avx512_fp16", "amx_bf16", "amx_tile", "avx2"} <= precision.cpu_flags(XEON)
     assert "avx512_fp16" not in precision.cpu_flags(EPYC) and "avx2" in precision.cpu_flags(EPYC)
     assert precision.cpu_flags("processor\t: 0\nmodel name\t: ARM\n") == set()  # no flags line
-    assert precision.cpu_half_support(precision.cpu_flags(XEON)) == {"fp16": ["avx512_fp16"],
+    assert devices.cpu_half_support(precision.cpu_flags(XEON)) == {"fp16": ["avx512_fp16"],
                                                                      "bf16": ["avx512_bf16", "amx_bf16"]}
-    assert precision.cpu_half_support(precision.cpu_flags(EPYC)) == {"fp16": [], "bf16": []}
-    assert precision.cpu_half_support({"amx_fp16", "avx512_bf16"}) == {"fp16": ["amx_fp16"], "bf16": ["avx512_bf16"]}
+    assert devices.cpu_half_support(precision.cpu_flags(EPYC)) == {"fp16": [], "bf16": []}
+    assert devices.cpu_half_support({"amx_fp16", "avx512_bf16"}) == {"fp16": ["amx_fp16"], "bf16": ["avx512_bf16"]}
     assert precision.cpu_flags() == precision.cpu_flags(Path("/proc/cpuinfo").read_text())  # this machine
 
 
 def test_cpu_name_is_read_from_cpuinfo_by_the_one_reader():
-    assert precision.cpu_name(EPYC) == "AMD EPYC"
-    assert precision.cpu_name("processor\t: 0\n") == (platform.processor() or platform.machine())  # no model name
-    assert precision.cpu_name() == precision.cpu_name(Path("/proc/cpuinfo").read_text())  # this machine
+    assert devices.cpu_name(EPYC) == "AMD EPYC"
+    assert devices.cpu_name("processor\t: 0\n") == (platform.processor() or platform.machine())  # no model name
+    assert devices.cpu_name() == devices.cpu_name(Path("/proc/cpuinfo").read_text())  # this machine
 
 
 @pytest.mark.parametrize("cpuinfo,says", [
