@@ -3,6 +3,7 @@ and precision groups (so its precision can never disagree with the run's precisi
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 from contextlib import contextmanager
@@ -16,6 +17,15 @@ from ampft.config import Backend, ConfigError
 from ampft.precision import deepspeed_section
 
 log = logging.getLogger(__name__)
+
+
+@atexit.register
+def end_process_group() -> None:
+    """The process group outlives each run (export barriers, multirun jobs): destroyed once, at exit, by every
+    recipe that starts one. A gloo rank that exits without it can abort in its worker threads' teardown
+    ("terminate called without an active exception", SIGABRT) while the interpreter finalizes."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 def deepspeed_config(cfg: DictConfig) -> tuple[dict[str, Any], list[str]]:

@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import fcntl
 import json
@@ -128,13 +127,6 @@ def run(cfg: DictConfig, run_dir: Path, started: float | None = None, validated:
     finally:
         held.close()
         reset_accelerate()
-
-
-@atexit.register
-def end_process_group() -> None:
-    """The process group outlives each run (export barriers, multirun jobs): destroyed once, at exit."""
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
 
 
 def reset_accelerate() -> None:

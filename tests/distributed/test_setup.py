@@ -4,6 +4,8 @@ JIT folder, finiteness checks on sharded weights, the world taken from the launc
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -72,3 +74,16 @@ def test_fsdp_bf16_keeps_fp32_weights_and_reductions_like_autocast(compose):
     plugin.set_mixed_precision("bf16")  # what AcceleratorState does with mixed_precision="bf16"
     policy = plugin.mixed_precision_policy
     assert (policy.param_dtype, policy.reduce_dtype, policy.output_dtype) == (None, None, None)
+
+
+@pytest.mark.parametrize("module", ["ampft.finetune", "ampft.evaluation.saved"])
+def test_a_recipes_process_ends_its_process_group_before_the_interpreter_finalizes(module, tmp_path):
+    """A gloo rank exiting with its group alive can abort in the group's teardown (SIGABRT, "terminate called
+    without an active exception"): the finetune recipe and the eval and predict recipes (which open the run
+    through ampft.evaluation.saved) each end it at exit."""
+    code = ("import atexit, torch.distributed as d\n"
+            "atexit.register(lambda: print('alive' if d.is_initialized() else 'ended'))  # runs last: LIFO\n"
+            f"import {module}\n"
+            f"d.init_process_group('gloo', init_method='file://{tmp_path / 'store'}', rank=0, world_size=1)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "ended"
