@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
 
 from ampft.benchmark import BenchmarkConfigError, check
-from ampft.benchmark.config import Mode, arm_overrides, arms_for
+from ampft.benchmark.config import Mode, arm_overrides, arms_for, compose_finetune
 from tests.helpers import CONF, shared
 
 BENCHMARKS = sorted(p.stem for p in (CONF / "benchmark").glob("*.yaml"))
@@ -56,7 +57,7 @@ def test_all_problems_reported_together(compose_benchmark):
     b = compose_benchmark([
         "benchmark.baseline=fp64", "benchmark.speed.timed_steps=1", "benchmark.sweep.batch_sizes=[8,4]",
         "benchmark.arms=[{name:fp32,overrides:[\"precision=fp99\"]},{name:bf16,overrides:[\"trainer.batch_sise=3\"]},"
-        "{name:hf,runner:trainer}]",
+        "{name:hf,runner:trainer}]", "benchmark.extra=[\"trainer.seed=3\"]",
     ]).benchmark
     with pytest.raises(BenchmarkConfigError) as err:
         check(b)
@@ -68,6 +69,18 @@ def test_all_problems_reported_together(compose_benchmark):
     assert "benchmark.arms[1] (bf16, speed mode)" in msg and "batch_sise" in msg
     assert "benchmark.arms[2] (hf): runner=trainer in speed mode, which times ampft's own step: give the arm " \
         "modes: [accuracy]" in msg
+    assert "benchmark.extra: trainer.seed=3 would give every run one seed: the seeds are benchmark.seed (speed " \
+        "mode) and benchmark.accuracy.seeds" in msg
+
+
+def test_each_seeds_config_is_the_one_its_overrides_compose(compose_benchmark):
+    """check composes and validates an arm once; its other seeds' configs are that one with their trainer.seed."""
+    b = compose_benchmark().benchmark
+    cfgs = check(b)
+    for arm in arms_for(b, Mode.accuracy):
+        for seed in b.accuracy.seeds[1:]:
+            composed = compose_finetune(arm_overrides(b, arm, Mode.accuracy, seed))
+            assert OmegaConf.to_container(cfgs[("accuracy", arm.name, seed)]) == OmegaConf.to_container(composed)
 
 
 def test_arm_overrides_order_and_mode_membership(compose_benchmark):

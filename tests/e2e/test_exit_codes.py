@@ -162,11 +162,10 @@ DIVERGES = [*TINY, "optim.lr=1e4", "trainer.max_steps=40", "trainer.log_every=2"
 
 
 def test_make_exits_2_and_names_the_recipes_code_which_the_launcher_keeps(tmp_path):
-    made = _run_make(["finetune", *DIVERGES, f"hydra.run.dir={tmp_path / 'make'}"])
+    """make runs `python -m ampft.launch`, which ran the recipe: make's "Error 3" is the launcher's own code."""
+    made = _run_make(["finetune", *DIVERGES, f"hydra.run.dir={tmp_path}"])
     assert made.returncode == 2, made.stderr[-3000:]
     assert "error: training diverged" in made.stderr and "finetune] Error 3" in made.stderr.splitlines()[-1]
-    launched = _run(["-m", "ampft.launch", *DIVERGES, f"hydra.run.dir={tmp_path / 'launch'}"])
-    assert launched.returncode == 3, launched.stderr[-3000:]
 
 
 @pytest.mark.parametrize("target", ["finetune", "print-config", "estimate", "reproduce", "evaluate", "benchmark",

@@ -5,6 +5,7 @@ arm's finetune config: `conf/finetune.yaml` with the benchmark's shared override
 
 from __future__ import annotations
 
+import copy
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from enum import Enum
@@ -205,6 +206,8 @@ def check(b: DictConfig, conf_dir: Path = CONF_DIR) -> dict[tuple[str, str, int 
         (acc and not seeds, "benchmark.accuracy.seeds is empty: give several seeds, e.g. [1, 2, 3]"),
         (acc and len(seeds) != len(set(seeds)), f"benchmark.accuracy.seeds={seeds} repeats a seed"),
         (bad_peaks, f"benchmark.peak_tflops has non-positive values {bad_peaks}: give TFLOP/s > 0 or null"),
+        *((True, f"{where}: {o} would give every run one seed: the seeds are benchmark.seed (speed mode) and "
+                 "benchmark.accuracy.seeds") for where, o in _seed_overrides(b)),
     ]
     problems = [message for bad, message in rules if bad]
     cfgs: dict[tuple[str, str, int | None], DictConfig] = {}
@@ -240,13 +243,23 @@ def check(b: DictConfig, conf_dir: Path = CONF_DIR) -> dict[tuple[str, str, int 
                 problems.append(f"{where}: trainer.grad_accum={cfg.trainer.grad_accum}; speed mode times "
                                 "single micro-batch steps, use trainer.grad_accum=1")
             cfgs[(mode.value, arm.name, mode_seeds[0])] = cfg
-            for seed in mode_seeds[1:]:  # the same config but for trainer.seed, so validated once
-                cfgs[(mode.value, arm.name, seed)] = compose_finetune(arm_overrides(b, arm, mode, seed), conf_dir)
+            for seed in mode_seeds[1:]:  # the same config but for trainer.seed (no override sets it: a rule above)
+                cfgs[(mode.value, arm.name, seed)] = other = copy.deepcopy(cfg)
+                other.trainer.seed = seed
     if acc_cfg := next((cfg for (mode, *_), cfg in cfgs.items() if mode == Mode.accuracy.value), None):
         problems += _extras(b, acc_cfg)
     if problems:
         raise BenchmarkConfigError(problems)
     return cfgs
+
+
+def _seed_overrides(b: DictConfig) -> list[tuple[str, str]]:
+    """(where, override) for each override that sets trainer.seed, which the benchmark sets per run."""
+    lists = [("benchmark.overrides", b.overrides), ("benchmark.extra", b.extra),
+             ("benchmark.speed.overrides", b.speed.overrides), ("benchmark.accuracy.overrides", b.accuracy.overrides),
+             *((f"benchmark.arms[{i}] ({a.name})", a.overrides) for i, a in enumerate(b.arms))]
+    return [(where, o) for where, overrides in lists for o in overrides
+            if o.split("=")[0].lstrip("+~") == "trainer.seed"]
 
 
 def _extras(b: DictConfig, cfg: DictConfig) -> list[str]:
