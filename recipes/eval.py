@@ -20,8 +20,9 @@ def main(e: DictConfig) -> None:
 
     with clean_console():
         out = evaluate_saved(e)
-    metrics = ", ".join(f"{k}={v:.4g}" for k, v in out["metrics"].items())
-    print(f"{out['data']}: {metrics} ({out['samples']} examples) -> {out.get('path')}")
+    if "path" in out:  # the main process, which wrote eval.json (every rank evaluated its share)
+        metrics = ", ".join(f"{k}={v:.4g}" for k, v in out["metrics"].items())
+        print(f"{out['data']}: {metrics} ({out['samples']} examples) -> {out['path']}")
 
 
 if __name__ == "__main__":

@@ -20,8 +20,9 @@ def main(e: DictConfig) -> None:
 
     with clean_console():
         out = predict_saved(e)
-    print(f"{out['file']}: {out['samples']} predictions ({out['precision']}, {out['seconds']:.1f} s) -> "
-          f"{out['path']}/{', '.join(out['files'])}")
+    if "path" in out:  # the main process, which wrote the files (every rank predicted its share)
+        print(f"{out['file']}: {out['samples']} predictions ({out['precision']}, {out['seconds']:.1f} s) -> "
+              f"{out['path']}/{', '.join(out['files'])}")
 
 
 if __name__ == "__main__":

@@ -69,7 +69,10 @@ def test_two_ranks_evaluate_exactly_as_one_process(trained):
                            "recipes/eval.py", f"run={run_dir}", "batch_size=4", "name=two-ranks"],
                           cwd=ROOT, env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    two = json.loads((run_dir / "evaluations" / "two-ranks" / "eval.json").read_text())
+    path = run_dir / "evaluations" / "two-ranks" / "eval.json"
+    printed = [line for line in proc.stdout.splitlines() if line.endswith(f"examples) -> {path}")]
+    assert len(printed) == 1 and "-> None" not in proc.stdout, proc.stdout  # the result line: the main process's
+    two = json.loads(path.read_text())
     assert (two["num_processes"], one["num_processes"]) == (2, 1)
     assert two["samples"] == one["samples"]
     assert two["metrics"].keys() == one["metrics"].keys()

@@ -341,6 +341,8 @@ def test_two_ranks_predict_each_input_once_as_one_process_does(kind, family_run,
                           cwd=ROOT, env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     folder = run_dir / "predictions" / "two-ranks"
+    printed = [line for line in proc.stdout.splitlines() if " predictions (" in line]
+    assert len(printed) == 1 and printed[0].endswith(f" -> {folder}/predictions.jsonl"), proc.stdout  # main's only
     two = [json.loads(x) for x in (folder / "predictions.jsonl").read_text().splitlines()]
     assert json.loads((folder / "predict.json").read_text())["num_processes"] == 2
     assert len(two) == len(one) == len(SENTENCES)

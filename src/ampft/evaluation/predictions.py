@@ -38,6 +38,8 @@ def _check_file(path: Path, family) -> None:
 
 
 def predict_saved(e: DictConfig) -> dict[str, Any]:
+    """Predict `e.file` with a saved run or checkpoint (recipes/predict.py); every rank predicts its share, the main
+    process writes <run>/predictions/<name>/ and alone gets its "path" in the result."""
     if e.file is None:
         raise EvaluationError("file=PATH is needed: the file to predict (csv/tsv/json/jsonl/parquet with the task's "
                               "text columns, CoNLL words, or SQuAD JSON questions)")
@@ -84,6 +86,6 @@ def predict_saved(e: DictConfig) -> dict[str, Any]:
             indices = inputs["index"] if "index" in inputs.column_names else range(len(rows))
             (out_dir / glue_file).write_text(glue.submission(task.name, rows, list(indices), task.labels))
         (out_dir / "predict.json").write_text(json.dumps(out, indent=2) + "\n")
-    out["path"] = str(out_dir)
+        out["path"] = str(out_dir)  # the main process's only: the one that wrote the files
     accelerator.wait_for_everyone()
     return out

@@ -146,6 +146,8 @@ def open_saved(e: DictConfig) -> SavedRun:
 
 
 def evaluate_saved(e: DictConfig) -> dict[str, Any]:
+    """Evaluate a saved run or checkpoint (recipes/eval.py); every rank evaluates its share, the main process writes
+    <run>/evaluations/<name>/eval.json and alone gets its "path" in the result."""
     saved = open_saved(e)
     cfg, family, task = saved.cfg, saved.family, saved.cfg.task
     name = evaluation_name(e, saved.weights, saved.kind)
