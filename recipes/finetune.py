@@ -8,8 +8,6 @@ Started by `python -m ampft.launch` (`make finetune`), it runs the config the la
 (`ampft.launch.run_launched`); started any other way, Hydra composes it here and `finetune.build` validates it.
 """
 
-import logging
-import os
 import time
 
 import hydra
@@ -28,8 +26,6 @@ def train(cfg: DictConfig, validated: bool = False) -> float:
     validated `cfg` already."""
     global STARTED
     started, STARTED = STARTED, None
-    if int(os.environ.get("RANK", "0")) != 0:  # only rank 0 reports; the others speak up on problems
-        logging.getLogger().setLevel(logging.WARNING)
     from ampft.finetune import run
     from ampft.tracking import clean_console
 

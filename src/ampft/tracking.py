@@ -39,8 +39,11 @@ def log_with(logger: str) -> str | None:
 
 
 def clean_console() -> AbstractContextManager:
-    """One console for a run: log lines go through tqdm (never inside the bar's line), and the only bar is
-    ampft's own (datasets' and transformers' bars are off for the rest of the recipe's process)."""
+    """One console for a run: only rank 0 reports (the other ranks log warnings and errors only, for the rest of
+    the recipe's process), log lines go through tqdm (never inside the bar's line), and the only bar is ampft's
+    own (datasets' and transformers' bars are off for the rest of the recipe's process)."""
+    if int(os.environ.get("RANK", "0")) != 0:
+        logging.getLogger().setLevel(logging.WARNING)
     datasets.disable_progress_bars()
     transformers.utils.logging.disable_progress_bar()
     return logging_redirect_tqdm()

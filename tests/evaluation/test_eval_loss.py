@@ -72,6 +72,7 @@ def test_two_ranks_evaluate_exactly_as_one_process(trained):
     path = run_dir / "evaluations" / "two-ranks" / "eval.json"
     printed = [line for line in proc.stdout.splitlines() if line.endswith(f"examples) -> {path}")]
     assert len(printed) == 1 and "-> None" not in proc.stdout, proc.stdout  # the result line: the main process's
+    assert len([line for line in proc.stdout.splitlines() if line.startswith("tokenized ")]) == 1, proc.stdout
     two = json.loads(path.read_text())
     assert (two["num_processes"], one["num_processes"]) == (2, 1)
     assert two["samples"] == one["samples"]
