@@ -50,7 +50,9 @@ def combine(run_dirs: list[str | Path], out_dir: str | Path, command: str | None
     if problems:
         raise BenchmarkConfigError(problems)
     first = olds[0]
-    for d, old in zip(dirs[1:], olds[1:], strict=True):
+    arms: dict[str, tuple[dict, Path]] = {}  # name -> the arm, as the first directory that has it defines it
+    runs: dict[tuple[str, int], dict] = {}
+    for d, old in zip(dirs, olds, strict=True):  # the first directory, compared with itself, differs in nothing
         this, that = _setup(old["benchmark"]), _setup(first["benchmark"])
         if diff := [k for k in this if this[k] != that[k]]:
             problems.append(f"{d}: " + ", ".join(f"{k}={this[k]}" for k in diff) + f", {dirs[0]} has "
@@ -59,15 +61,11 @@ def combine(run_dirs: list[str | Path], out_dir: str | Path, command: str | None
             problems.append(f"{d}: measured on another machine or software than {dirs[0]} ("
                             + ", ".join(f"{k} {old['environment'].get(k)} vs {first['environment'].get(k)}"
                                         for k in diff) + "): their speeds cannot be one median")
-    arms: dict[str, tuple[dict, Path]] = {}  # name -> the arm, as the first directory that has it defines it
-    for d, old in zip(dirs, olds, strict=True):
         for arm in old["benchmark"]["arms"]:
             known, where = arms.setdefault(arm["name"], (arm, d))
             if (known.get("runner"), known["overrides"]) != (arm.get("runner"), arm["overrides"]):
                 problems.append(f"arm {arm['name']}: {known.get('runner')} {known['overrides']} in {where}, "
                                 f"{arm.get('runner')} {arm['overrides']} in {d}: rename one")
-    runs: dict[tuple[str, int], dict] = {}
-    for d, old in zip(dirs, olds, strict=True):
         for r in old["accuracy"]["runs"]:
             key = (r["arm"], r["seed"])
             if key not in runs:

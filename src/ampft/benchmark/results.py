@@ -46,14 +46,11 @@ def summarize_speed_arm(raw: dict, env: dict, peak_override: dict | None) -> dic
 def add_speed_ratios(arms: list[dict], baseline: str) -> None:
     base = next((a for a in arms if a["arm"] == baseline), None)
     for a in arms:
-        if base is None:
-            a.update(time_vs_baseline=None, memory_vs_baseline=None, speedup=None)
-            continue
         # Time per sample, so arms with another batch size compare fairly; equal to the step-time ratio
         # when the batch is the same.
-        s = stats.ratio(a["samples_per_second"]["median"], base["samples_per_second"]["median"])
+        s = stats.ratio(a["samples_per_second"]["median"], base["samples_per_second"]["median"]) if base else None
         a.update(speedup=s, time_vs_baseline=1 / s if s else None,
-                 memory_vs_baseline=stats.ratio(a["peak_memory_bytes"], base["peak_memory_bytes"]))
+                 memory_vs_baseline=stats.ratio(a["peak_memory_bytes"], base["peak_memory_bytes"]) if base else None)
 
 
 # --- accuracy ---------------------------------------------------------------------------------------
@@ -74,44 +71,44 @@ def _if_any(f, values: list[float]):
     return f(values) if values else None
 
 
+def _median_of(rows: list[dict], key: str) -> float | None:
+    return _if_any(median, [r[key] for r in rows if r.get(key) is not None])
+
+
 def summarize_accuracy(b: DictConfig | dict, runs: list[dict], env: dict, cfgs: dict | None = None) -> dict:
     """Per arm over its seeds, and the comparison's checks (module docstring). `cfgs` (`config.check`'s) finds
     the precision twins; without it there are no precision gains."""
     b = OmegaConf.merge(OmegaConf.structured(BenchmarkConfig), b)
-    names = [a.name for a in arms_for(b, Mode.accuracy) if any(r["arm"] == a.name for r in runs)]
-    by_arm = {n: [r for r in runs if r["arm"] == n] for n in names}
+    measured = [(a, rs) for a in arms_for(b, Mode.accuracy) if (rs := [r for r in runs if r["arm"] == a.name])]
     baseline, seeds = b.baseline, b.accuracy.seeds
-    base = {r["seed"]: r["metric"] for r in by_arm.get(baseline, []) if r["metric"] is not None}
-    base_time = [r["train_seconds"] for r in by_arm.get(baseline, []) if r.get("train_seconds")]
+    base_runs = next((rs for a, rs in measured if a.name == baseline), [])
+    base = {r["seed"]: r["metric"] for r in base_runs if r["metric"] is not None}
+    base_time = [r["train_seconds"] for r in base_runs if r.get("train_seconds")]
     seed_of = {(r["arm"], r["seed"]): r for r in runs}
+
+    def per_seed(name: str, key: str) -> list:
+        return [seed_of.get((name, s), {}).get(key) for s in seeds]
+
     arms = {}
-    for arm in (a for a in b.arms if a.name in by_arm):
-        rs = by_arm[arm.name]
+    for arm, rs in measured:
         ok = [r for r in rs if r["metric"] is not None]
         values = {r["seed"]: r["metric"] for r in ok}
         times = [r["train_seconds"] for r in ok]
-        precision, first = rs[0]["precision"], rs[0]
-        peak, source = flops.peak_tflops(precision, env["device_type"], env["device_name"],
+        first = rs[0]
+        peak, source = flops.peak_tflops(first["precision"], env["device_type"], env["device_name"],
                                          OmegaConf.to_container(b.peak_tflops))
         tflops = [r["model_tflops"] for r in ok if r.get("model_tflops")]
 
-        def given(key: str, rows: list[dict] = ok) -> list:
-            return [r[key] for r in rows if r.get(key) is not None]
-
-        def per_seed(key: str, name: str = arm.name) -> list:
-            return [seed_of.get((name, s), {}).get(key) for s in seeds]
-
         arms[arm.name] = dict(
-            arm=arm.name, runner=Runner(arm.runner).value, overrides=list(arm.overrides), precision=precision,
+            arm=arm.name, runner=Runner(arm.runner).value, overrides=list(arm.overrides), precision=first["precision"],
             main_metric=first["main_metric"], runs=len(rs), diverged=sum(r["diverged"] for r in rs),
-            metric=_if_any(stats.describe, list(values.values())), metric_per_seed=per_seed("metric"),
+            metric=_if_any(stats.describe, list(values.values())), metric_per_seed=per_seed(arm.name, "metric"),
             diff=stats.difference_ci(values, base) if arm.name != baseline else None,
             train_seconds=_if_any(stats.describe, times),
             time_vs_baseline=stats.ratio(mean(times), mean(base_time)) if times and base_time else None,
-            samples_per_second=_if_any(median, given("train_samples_per_second")),
-            tokens_per_second=_if_any(median, given("train_tokens_per_second")),
-            wall_seconds=_if_any(median, given("wall_seconds")),
-            samples_per_second_per_seed=per_seed("train_samples_per_second"),
+            samples_per_second=_median_of(ok, "train_samples_per_second"),
+            tokens_per_second=_median_of(ok, "train_tokens_per_second"), wall_seconds=_median_of(ok, "wall_seconds"),
+            samples_per_second_per_seed=per_seed(arm.name, "train_samples_per_second"),
             skipped_steps=[r.get("skipped_steps") for r in rs],
             loss_scale_final=[r.get("loss_scale_final") for r in rs],
             other_cpu_share=max((r.get("other_cpu_share") or 0.0 for r in rs), default=None),
@@ -250,30 +247,29 @@ def evaluate_claims(results: dict) -> list[dict]:
         claims.append(dict(id=f"{cid}-{arm['arm']}" if arm else cid, claim=text or CLAIMS[cid],
                            verdict=verdict, measured=measured, note=note))
 
-    def judge(cid: str, arms: list[dict], missing: str | None) -> list[dict]:
-        """The arms to judge claim `cid` on; none, with one "not checked" saying why, where it is `missing`."""
-        if missing:
+    def judge(cid: str, arms: list[dict], none: str, blocked: str | None = None) -> list[dict]:
+        """The arms to judge claim `cid` on; none where it cannot be judged, with one "not checked" saying why:
+        `blocked`, or `none` where there are no arms."""
+        if missing := blocked or (None if arms else none):
             claim(cid, NOT_CHECKED, note=missing)
-        return [] if missing else arms
+            return []
+        return arms
 
     not_fp32 = None if fp32 else f"the baseline arm {baseline} is not fp32"
     mixed = [a for a in same if a["precision"] in MIXED]
-    for a in judge("mp-time", mixed, not_fp32 or (None if mixed else "no fp16/bf16 speed arm comparable with "
-                                                                        "the baseline")):
+    for a in judge("mp-time", mixed, "no fp16/bf16 speed arm comparable with the baseline", not_fp32):
         v = a["time_vs_baseline"]
         claim("mp-time", NOT_CHECKED if cpu else _verdict(v is not None and v <= TIME_CLAIM + SLACK),
               f"{a['arm']}: {_pct(v)} of {baseline}'s time per sample {where}",
               "the claim is about GPUs (Tensor Cores); the CPU number is for the record" if cpu else "", a)
-    for a in judge("mp-memory", mixed, not_fp32 or (None if mixed else "no fp16/bf16 speed arm comparable with "
-                                                                          "the baseline")):
+    for a in judge("mp-memory", mixed, "no fp16/bf16 speed arm comparable with the baseline", not_fp32):
         v = a["memory_vs_baseline"]
         claim("mp-memory", NOT_CHECKED if cpu else _verdict(v is not None and v <= MEMORY_CLAIM + SLACK),
               f"{a['arm']}: {_pct(v)} of {baseline}'s peak memory ({a['peak_memory_kind']})",
               "on a CPU the peak RSS of the process includes the interpreter, libraries and data, which no "
               "precision changes, so it cannot show the claimed GPU-memory saving" if cpu else "", a)
     mixed_acc = [a for a in acc.values() if a["precision"] in MIXED]
-    for a in judge("mp-accuracy", mixed_acc, not_fp32 or (None if mixed_acc else "no fp16/bf16 arm in accuracy "
-                                                                                  "mode")):
+    for a in judge("mp-accuracy", mixed_acc, "no fp16/bf16 arm in accuracy mode", not_fp32):
         verdict, measured = _same_accuracy(a)
         claim("mp-accuracy", verdict, f"{a['arm']} {a['main_metric']}: {measured}", arm=a)
 
@@ -283,7 +279,7 @@ def evaluate_claims(results: dict) -> list[dict]:
                                                      if a["speedup"]),
               "a CPU has no Tensor Cores; speed-ups measured here come from AVX512-BF16/AMX, not from the "
               "hardware the claim is about")
-    for a in [] if cpu else judge("tensor-cores", tensor_cores, None if fp32 and tensor_cores else
+    for a in [] if cpu else judge("tensor-cores", tensor_cores if fp32 else [],
                                   "needs an fp32 baseline and a tf32/fp16/bf16 speed arm"):
         s = a["speedup"]
         claim("tensor-cores", _verdict(s is not None and s >= TENSOR_CORE_SPEEDUP[0]),
@@ -292,13 +288,12 @@ def evaluate_claims(results: dict) -> list[dict]:
 
     # BF16 as stable as FP32, where FP16 needs loss scaling: two halves, two verdicts
     bf16 = [a for a in acc.values() if a["precision"] == "bf16"]
-    for a in judge("bf16-stable", bf16, None if bf16 and baseline in acc else
-                   "needs bf16 and fp32 arms in accuracy mode"):
+    for a in judge("bf16-stable", bf16 if baseline in acc else [], "needs bf16 and fp32 arms in accuracy mode"):
         verdict, measured = _same_accuracy(a)
         claim("bf16-stable", verdict, f"{a['arm']}: {a['diverged']} of {a['runs']} runs diverged, "
               f"{a['main_metric']} {measured}", arm=a)
     fp16 = [a for a in acc.values() if a["precision"] == "fp16"]
-    for a in judge("fp16-scaling", fp16, None if fp16 else "no fp16 arm in accuracy mode"):
+    for a in judge("fp16-scaling", fp16, "no fp16 arm in accuracy mode"):
         skipped = sum(s for s in a["skipped_steps"] if s)
         scales = ", ".join(f"{s:g}" for s in a["loss_scale_final"] if s is not None) or "n/a"
         claim("fp16-scaling", REPRODUCED if skipped else NOT_CHECKED,
