@@ -159,9 +159,9 @@ def hardware(env: dict) -> list[str]:
 
 
 def render(results: dict, plots: list[str] | None = None) -> str:
-    b, env = results["benchmark"], results["environment"]
-    speed = (results.get("speed") or {}).get("arms", [])
-    acc_arms, runs = (results.get("accuracy") or {}).get("arms", []), (results.get("accuracy") or {}).get("runs", [])
+    b, env, acc = results["benchmark"], results["environment"], results.get("accuracy") or {}
+    speed, speed_raw = (results.get("speed") or {}).get("arms", []), (results.get("speed") or {}).get("raw", [])
+    acc_arms = acc.get("arms", [])
     trainers = [a["arm"] for a in acc_arms if a["runner"] == Runner.trainer.value]
     precisions = {a["precision"] for a in [*speed, *acc_arms]}
     what = ": ampft vs the Hugging Face Trainer" if trainers else ": precision A/B" if len(precisions) > 1 else ""
@@ -176,9 +176,8 @@ def render(results: dict, plots: list[str] | None = None) -> str:
         out += [f"**Partial**: seeds {results['partial_seeds']} of the {b['accuracy']['seeds']} asked for were "
                 "measured when this report was written (it is rewritten after every seed; the benchmark stopped or "
                 "was still running).", ""]
-    speed_raw = (results.get("speed") or {}).get("raw", [])
     if busy := [f"`{a['arm']}`" + (f" seed {a['seed']}" if "seed" in a else "") + f" ({a['other_cpu_share']:.0%}"
-                " of the machine)" for a in [*speed_raw, *runs] if (a.get("other_cpu_share") or 0) > BUSY]:
+                " of the machine)" for a in [*speed_raw, *acc.get("runs", [])] if (a.get("other_cpu_share") or 0) > BUSY]:
         out += ["**Warning:** other processes used the CPU while these were measured, so their timings are "
                 "unreliable: " + ", ".join(busy) + ".", ""]
     budget_line, budget_section = _budget(results.get("budget") or {}, b["baseline"])
@@ -186,7 +185,7 @@ def render(results: dict, plots: list[str] | None = None) -> str:
     out += hardware(env) + _setup(results, trainers) + budget_section
     if cut := [a["name"] for a in b["arms"] if not any(x["arm"] == a["name"] for x in [*speed, *acc_arms])]:
         out += [f"Not measured (cut by the time budget): {', '.join(f'`{n}`' for n in cut)}.", ""]
-    out += _speed(results, speed, speed_raw) if speed else []
+    out += _speed(results) if speed else []
     out += _accuracy(results, {a["arm"]: a for a in acc_arms}, trainers) if acc_arms else []
     if claims := results.get("claims", []):
         order = [NOT_REPRODUCED, NOT_CHECKED, REPRODUCED]
@@ -228,9 +227,10 @@ def _setup(results: dict, trainers: list[str]) -> list[str]:
     return out + [""]
 
 
-def _speed(results: dict, speed: list[dict], speed_raw: list[dict]) -> list[str]:
+def _speed(results: dict) -> list[str]:
     """Speed mode's table (step time, throughput, MFU, memory per arm), the estimate's predictions, the sweep."""
     b, cuda = results["benchmark"], results["environment"]["device_type"] == "cuda"
+    speed, speed_raw = results["speed"]["arms"], results["speed"]["raw"]
     base, first, ms = b["baseline"], speed[0], lambda t: 1000 * t
     out = ["## Speed and memory", "", *table([
         "arm", "precision", "attention", "batch×seq", "step ms median [IQR]", f"time (% of {base})", "samples/s",

@@ -166,17 +166,11 @@ def precision_pairs(b: DictConfig, cfgs: dict, names: list[str]) -> list[tuple[s
 def precision_gains(arms: dict[str, dict], pairs: list[tuple[str, str]]) -> tuple[list[dict], list[dict]]:
     """Each (fp32, arm) pair's samples/s ratio and mean per-seed metric difference (points); and, for each
     Trainer pair and ampft pair of one precision, the ratio of their gains."""
-    def diffs(x: str, y: str) -> list[float]:
-        return [p - q for p, q in _paired(arms[x], arms[y])]
-
-    def speed(x: str, y: str) -> float:
-        return arms[x]["samples_per_second"] / arms[y]["samples_per_second"]
-
     gains = [dict(runner=arms[arm]["runner"], fp32=base, arm=arm, precision=arms[arm]["precision"],
-                  ratio=speed(arm, base), metric_difference=mean(d), metric_difference_per_seed=d)
-             for base, arm in pairs
-             if (d := diffs(arm, base))
-             and arms[arm]["samples_per_second"] and arms[base]["samples_per_second"]]
+                  ratio=arms[arm]["samples_per_second"] / arms[base]["samples_per_second"],
+                  metric_difference=mean(d), metric_difference_per_seed=d)
+             for base, arm in pairs if arms[arm]["samples_per_second"] and arms[base]["samples_per_second"]
+             and (d := [x - y for x, y in _paired(arms[arm], arms[base])])]
     versus = [dict(precision=t["precision"], trainer=t["arm"], trainer_fp32=t["fp32"], ampft=a["arm"],
                    ampft_fp32=a["fp32"], trainer_gain=t["ratio"], ampft_gain=a["ratio"], gain_ratio=a["ratio"] / t["ratio"],
                    gain_at_least_trainer=a["ratio"] >= t["ratio"])
