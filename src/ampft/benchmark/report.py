@@ -8,9 +8,8 @@ import logging
 import math
 from pathlib import Path
 
-from ampft.benchmark import plots
 from ampft.benchmark.config import Runner
-from ampft.benchmark.plots import PLOTS
+from ampft.benchmark.plots import PLOTS, make_plots
 from ampft.benchmark.profile import SKIP, WARMUP
 from ampft.benchmark.results import NOT_CHECKED, NOT_REPRODUCED, REPRODUCED
 from ampft.benchmark.stats import ratio
@@ -320,11 +319,11 @@ def _accuracy(results: dict, arms: dict[str, dict], trainers: list[str]) -> list
                      f"{c['standard_error']:.2f}; within one seed standard deviation of {c['reference']} "
                      f"({c['reference_std']:.2f}): **{'yes' if c['within_reference_std'] else 'NO'}**."
                      if len(c["per_seed"]) > 1 else "") for c in acc["checks"]), ""]
-    plain = [n for n, a in arms.items() if a["runner"] == Runner.ampft.value and not a["overrides"]]
-    ablations = [a for a in arms.values() if a["runner"] == Runner.ampft.value and a["overrides"]
-                 and plain and a["precision"] == arms[plain[0]]["precision"]]  # other precisions: their own section
-    if plain and ablations and (ref := arms[plain[0]])["samples_per_second"]:
-        out += [f"### What each fast path contributes (relative to {plain[0]})", "",
+    ampft = [a for a in arms.values() if a["runner"] == Runner.ampft.value]
+    ref = next((a for a in ampft if not a["overrides"]), None)  # ablations in other precisions: their own section
+    ablations = [a for a in ampft if ref and a["overrides"] and a["precision"] == ref["precision"]]
+    if ablations and ref["samples_per_second"]:
+        out += [f"### What each fast path contributes (relative to {ref['arm']})", "",
                 *(f"- {', '.join(a['overrides'])}: "
                   f"{_f(ratio(a['samples_per_second'], ref['samples_per_second']), '.2f')}x the samples/s, "
                   f"{_f(ratio(a['wall_seconds'], ref['wall_seconds']), '.2f')}x the wall time"
@@ -392,7 +391,7 @@ def write_outputs(res: dict, out_dir: Path) -> Path:
     write_json(res, out_dir / "results.json")
     write_csv(res, out_dir / "results.csv")
     try:
-        made = plots.make_plots(res, out_dir)
+        made = make_plots(res, out_dir)
     except MissingExtraError as exc:
         log.warning("no PNG plots (report.md has every number): %s", exc)
         made = []
