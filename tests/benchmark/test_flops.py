@@ -82,12 +82,13 @@ def test_bert_large_formula():
 
 
 def test_peaks_come_from_the_device_table():
-    assert flops.lookup_peak("NVIDIA A100-SXM4-80GB") == ("NVIDIA A100 80GB", GPUS["a100-80gb"].tflops)
+    assert flops.peak_tflops("bf16", "cuda", "NVIDIA A100-SXM4-80GB") == (GPUS["a100-80gb"].tflops["bf16"],
+                                                                           "datasheet: NVIDIA A100 80GB")
 
 
 def test_unknown_devices_and_cpus_have_no_mfu_unless_configured():
-    assert flops.lookup_peak("NVIDIA L40S") == (None, {})  # not mistaken for an L4
-    assert flops.lookup_peak("NVIDIA H100 NVL") == (None, {})
+    assert flops.peak_tflops("bf16", "cuda", "NVIDIA L40S")[1].startswith("peak unknown")  # not mistaken for an L4
+    assert flops.peak_tflops("bf16", "cuda", "NVIDIA H100 NVL")[1].startswith("peak unknown")
     peak, source = flops.peak_tflops("bf16", "cpu", "Intel Xeon")
     assert peak is None and "benchmark.peak_tflops.bf16" in source
     peak, source = flops.peak_tflops("bf16", "cuda", "NVIDIA B300 SXM6 AC")

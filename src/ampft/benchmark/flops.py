@@ -28,7 +28,6 @@ def encoder_dims(config) -> tuple[int, int]:
 
 
 def training_flops_per_token(n_params_nonembedding: int, n_layers: int, seq_len: int, hidden: int) -> int:
-    """6N + 12·L·s·h: forward + backward FLOPs per token (see the module docstring)."""
     return 6 * n_params_nonembedding + 12 * n_layers * seq_len * hidden
 
 
@@ -45,12 +44,6 @@ def model_flops_per_token(model: torch.nn.Module, seq_len: int) -> dict[str, int
                 hidden=hidden, flops_per_token=training_flops_per_token(n, layers, seq_len, hidden))
 
 
-def lookup_peak(device_name: str) -> tuple[str | None, dict[str, float | None]]:
-    """(table entry, peaks per precision) for a CUDA device name; (None, {}) when unknown."""
-    device = for_cuda_name(device_name)
-    return (device.label, dict(device.tflops)) if device else (None, {})
-
-
 def peak_tflops(precision: str, device_type: str, device_name: str,
                 override: dict[str, float | None] | None = None) -> tuple[float | None, str]:
     """Dense peak TFLOP/s of `precision` (what ran) and where the number came from."""
@@ -58,13 +51,12 @@ def peak_tflops(precision: str, device_type: str, device_name: str,
         return float(override[precision]), "config (benchmark.peak_tflops)"
     if device_type != "cuda":
         return None, f"peak unknown: no peak table for {device_type} (set benchmark.peak_tflops.{precision})"
-    label, peaks = lookup_peak(device_name)
-    if label is None:
+    if (device := for_cuda_name(device_name)) is None:
         return None, (f"peak unknown: {device_name} is not in ampft's table (set benchmark.peak_tflops.{precision} "
                       "to its dense peak TFLOP/s from the datasheet)")
-    if peaks.get(precision) is None:
-        return None, f"none: {label} has no {precision} peak"
-    return peaks[precision], f"datasheet: {label}"
+    if device.tflops.get(precision) is None:
+        return None, f"none: {device.label} has no {precision} peak"
+    return device.tflops[precision], f"datasheet: {device.label}"
 
 
 def mfu(tflops_achieved: float | None, peak: float | None) -> float | None:
