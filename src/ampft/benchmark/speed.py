@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
-import gc
 import inspect
 import logging
 import math
@@ -19,6 +18,7 @@ import time
 from pathlib import Path
 
 import torch
+from accelerate.utils.memory import clear_device_cache
 from omegaconf import DictConfig
 
 from ampft.benchmark.config import BenchmarkConfigError
@@ -75,10 +75,8 @@ def memory_peak(device: torch.device) -> dict[str, int | None]:
 
 def free(device: torch.device) -> None:
     """Drop garbage and hand cached memory back (on CPU glibc's, which would count in the next arm's RSS)."""
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-    else:
+    clear_device_cache(garbage_collection=True)
+    if device.type == "cpu":
         with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to trim
             ctypes.CDLL("libc.so.6").malloc_trim(0)
 
@@ -111,13 +109,11 @@ def sweep_batch_sizes(try_size, batch_sizes: list[int], until_oom: bool, max_bat
     """Each listed batch size in order, then (until_oom) the last one doubled up to max_batch_size, until one does
     not fit. try_size(bs) returns a measurement dict, or None when out of memory."""
     sizes, points = list(batch_sizes), []
-    while sizes:
-        bs = sizes.pop(0)
-        point = try_size(bs)
-        if point is None:
+    for i, bs in enumerate(sizes):  # the list grows while doubling
+        if (point := try_size(bs)) is None:
             return points + [dict(batch_size=bs, fits=False)]
         points.append(dict(batch_size=bs, fits=True, **point))
-        if not sizes and until_oom and bs * 2 <= max_batch_size:
+        if i == len(sizes) - 1 and until_oom and bs * 2 <= max_batch_size:
             sizes.append(bs * 2)
     return points
 
