@@ -120,23 +120,18 @@ class BenchmarkConfig:
     targets: list[Target] = field(default_factory=list)
 
 
-def register_configs() -> None:
-    # --help lists the recipe's own group, as finetune's does, not every folder of conf/.
-    finetune = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "finetune.yaml"))
-    ConfigStore.instance().store(name="benchmark_recipe", node={
-        "defaults": ["_self_", {"benchmark": "cpu-smoke"}],
-        "benchmark": BenchmarkConfig,
-        "hydra": {"run": {"dir": "runs/benchmark/${benchmark.name}/${now:%Y-%m-%d_%H-%M-%S}"},
-                  "job": {"name": "benchmark"}, "help": {"template": finetune["hydra"]["help"]["template"]}},
-    })
-
-
-register_configs()
+# --help lists the recipe's own group, as finetune's does, not every folder of conf/ (the template unresolved).
+_help = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "finetune.yaml"))["hydra"]["help"]
+ConfigStore.instance().store(name="benchmark_recipe", node={
+    "defaults": ["_self_", {"benchmark": "cpu-smoke"}],
+    "benchmark": BenchmarkConfig,
+    "hydra": {"run": {"dir": "runs/benchmark/${benchmark.name}/${now:%Y-%m-%d_%H-%M-%S}"}, "job": {"name": "benchmark"},
+              "help": {"template": _help["template"]}},
+})
 
 
 def _takes_part(b: DictConfig, arm: DictConfig, mode: Mode) -> bool:
-    mode = Mode(mode)
-    return mode in [Mode(m) for m in b.modes] and (arm.modes is None or mode in [Mode(m) for m in arm.modes])
+    return mode in b.modes and (arm.modes is None or mode in arm.modes)
 
 
 def arms_for(b: DictConfig, mode: Mode) -> list[DictConfig]:
@@ -146,7 +141,7 @@ def arms_for(b: DictConfig, mode: Mode) -> list[DictConfig]:
 
 def arm_overrides(b: DictConfig, arm: DictConfig, mode: Mode, seed: int | None = None) -> list[str]:
     """The finetune overrides of one arm in one mode; later entries win."""
-    per_mode = b.speed.overrides if Mode(mode) == Mode.speed else b.accuracy.overrides
+    per_mode = b.speed.overrides if mode == Mode.speed else b.accuracy.overrides
     return [f"model={b.model}", f"task={b.task}", f"task.max_length={b.seq_len}",
             f"trainer.batch_size={b.batch_size}", f"trainer.seed={b.seed if seed is None else seed}",
             *b.overrides, *b.extra, *per_mode, *arm.overrides]
@@ -184,7 +179,7 @@ def check(b: DictConfig, conf_dir: Path = CONF_DIR) -> dict[tuple[str, str, int 
         (not names, "benchmark.arms is empty: give at least two arms, e.g. "
                     "[{name: fp32, overrides: [precision=fp32]}, {name: bf16, overrides: [precision=bf16]}]"),
         (dupes, f"benchmark.arms has duplicate names {dupes}: each arm needs its own name"),
-        *((Runner(arm.runner) == Runner.trainer and _takes_part(b, arm, Mode.speed),
+        *((arm.runner == Runner.trainer and _takes_part(b, arm, Mode.speed),
            f"benchmark.arms[{i}] ({arm.name}): runner=trainer in speed mode, which times ampft's own step: give "
            "the arm modes: [accuracy]") for i, arm in enumerate(b.arms)),
         *((t.arm not in names or t.over not in names,
@@ -227,7 +222,7 @@ def check(b: DictConfig, conf_dir: Path = CONF_DIR) -> dict[tuple[str, str, int 
                 cause = str(exc.__cause__ or exc).split("Config search path")[0]
                 problems.append(f"{where}: the finetune overrides do not compose: " + " ".join(cause.split()))
                 continue
-            if Runner(arm.runner) == Runner.trainer and cfg.task.family != "classification":
+            if arm.runner == Runner.trainer and cfg.task.family != "classification":
                 problems.append(f"{where}: the trainer runner is run_glue-style, sequence classification only")
             try:
                 validate(cfg)

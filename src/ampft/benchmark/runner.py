@@ -180,7 +180,7 @@ def _accuracy_mode(run: _Run, res: dict, out_dir: Path) -> None:
         cfg = cfgs[(Mode.accuracy.value, arm_name, seed)]
         run_dir = out_dir / "arms" / "accuracy" / arm_name / f"seed{seed}"
         tic = run.budget.elapsed()
-        if Runner(by_name[arm_name].runner) == Runner.trainer or b.accuracy.isolate:
+        if by_name[arm_name].runner == Runner.trainer or b.accuracy.isolate:
             record = run_isolated(by_name[arm_name], cfg, run_dir, b.accuracy.profile_steps)
         else:
             with environment.OtherLoad() as other:
