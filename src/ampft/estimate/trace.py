@@ -195,16 +195,15 @@ def largest_block(model: torch.nn.Module) -> int:
     return max(map(size, max(lists, key=size))) if lists else size(model)
 
 
-def _checkpointed(model: torch.nn.Module, keep, target: str, calls: list) -> dict:
+def _checkpointed(model: torch.nn.Module, keep, target: str, calls: list, undo: contextlib.ExitStack) -> None:
     """model.gradient_checkpointing: `keep` counts each checkpointed layer's inputs as saved, `calls` gets one entry
     per checkpointed forward, and for a CUDA target `CudaPolicy` is the `context_fn` (torch's checkpoint replays
-    autocast, not torch-function modes). Returns each changed module's own checkpoint function, to put back."""
-    changed = {}
+    autocast, not torch-function modes). `undo` puts each module's own checkpoint function back."""
     for mod in model.modules():
         func = getattr(mod, "_gradient_checkpointing_func", None)
         if func is None or not getattr(mod, "gradient_checkpointing", False):
             continue
-        changed[mod] = func
+        undo.callback(setattr, mod, "_gradient_checkpointing_func", func)
 
         def traced(fn, *args, _func=func, **kwargs):
             calls.append(1)
@@ -216,7 +215,6 @@ def _checkpointed(model: torch.nn.Module, keep, target: str, calls: list) -> dic
             return _func(fn, *args, **kwargs)
 
         mod._gradient_checkpointing_func = traced
-    return changed
 
 
 def _nbytes(tensors) -> int:
@@ -231,8 +229,7 @@ def trace_step(model: torch.nn.Module, batch: dict, precision: str, target: str 
     counting against real memory)."""
     started = time.perf_counter()
     params = list(model.parameters())
-    for p in params:  # the step starts as the engine's do, after zero_grad(set_to_none=True)
-        p.grad = None
+    model.zero_grad(set_to_none=True)  # the step starts as the engine's do
     resident = {id(t.untyped_storage()) for t in [*params, *model.buffers()]}
     weights = _nbytes([*params, *model.buffers()])
     live = _Live(resident, *map(int, batch["input_ids"].shape[:2]))
@@ -247,13 +244,15 @@ def trace_step(model: torch.nn.Module, batch: dict, precision: str, target: str 
         return t
 
     recomputed: list = []
-    checkpointed = _checkpointed(model, pack, target, recomputed)
-    handles = [p.register_post_accumulate_grad_hook(lambda p: live.tag(p.grad, "gradients")) for p in params
-               if p.requires_grad]
     null = contextlib.nullcontext()
     autocast = torch.autocast("cpu", dtype=HALF[precision]) if precision in HALF else null
     state = 0
-    try:
+    with contextlib.ExitStack() as undo:  # the model as it was, whatever happens
+        undo.callback(model.zero_grad, set_to_none=True)
+        _checkpointed(model, pack, target, recomputed, undo)
+        for p in params:
+            if p.requires_grad:
+                undo.callback(p.register_post_accumulate_grad_hook(lambda p: live.tag(p.grad, "gradients")).remove)
         with mode if mode is not None else null:
             opt = make_optimizer(model) if make_optimizer else None
             model.train()
@@ -273,13 +272,6 @@ def trace_step(model: torch.nn.Module, batch: dict, precision: str, target: str 
                     opt.step()
                     state = _nbytes(t for st in opt.state.values() for t in st.values() if isinstance(t, torch.Tensor))
                     opt.zero_grad(set_to_none=True)
-    finally:
-        for mod, func in checkpointed.items():
-            mod._gradient_checkpointing_func = func
-        for h in handles:
-            h.remove()
-        for p in params:
-            p.grad = None
     casts = by_dtype.pop("weight_casts", 0)
     return StepTrace(
         precision=precision, batch_size=int(batch["input_ids"].shape[0]), params=sum(p.numel() for p in params),
