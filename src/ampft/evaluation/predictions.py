@@ -16,7 +16,7 @@ from tqdm.auto import tqdm
 from ampft.config import PredictFormat
 from ampft.data import inference_dataloader, length_order
 from ampft.errors import DataError, EvaluationError
-from ampft.evaluation.saved import evaluation_name, open_saved
+from ampft.evaluation.saved import open_saved
 from ampft.tasks.classification import glue
 
 log = logging.getLogger(__name__)
@@ -46,8 +46,7 @@ def predict_saved(e: DictConfig) -> dict[str, Any]:
     saved = open_saved(e)
     cfg, family, task = saved.cfg, saved.family, saved.cfg.task
     path = Path(e.file)
-    name = evaluation_name(e, saved.weights, saved.kind)
-    out_dir = saved.run_dir / "predictions" / name
+    out_dir = saved.output_dir(e, "predictions")
     glue_file = glue.submission_file(task.name, str(path), task.labels) if e.format == PredictFormat.glue else None
     _check_file(path, family)
     inputs = family.read_inputs(task, str(path))
@@ -72,7 +71,7 @@ def predict_saved(e: DictConfig) -> dict[str, Any]:
         rows = [row for _, row in sorted(zip(order, rows, strict=True), key=lambda pair: pair[0])]
     rows = [{"index": i, **row} for i, row in enumerate(rows)]
 
-    out = dict(name=name, source=str(saved.weights), kind=saved.kind, file=str(path), task=task.name,
+    out = dict(name=out_dir.name, source=str(saved.weights), kind=saved.kind, file=str(path), task=task.name,
                precision=ran, eval_batch_size=batch_size, num_processes=accelerator.num_processes,
                samples=len(rows), seconds=seconds, files=["predictions.jsonl", *([glue_file] if glue_file else [])])
     if accelerator.is_main_process:

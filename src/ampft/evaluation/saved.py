@@ -43,21 +43,6 @@ def _source(e: DictConfig) -> tuple[Path, Path, str]:
     return run, run / "model", "run"
 
 
-def evaluation_name(e: DictConfig, weights: Path, kind: str) -> str:
-    """The folder name under RUN_DIR/evaluations/ (or predictions/): `name=`, or the weights, data and overrides."""
-    if e.name is not None:
-        if not re.fullmatch(r"[\w.=+-]+", str(e.name)) or str(e.name) in (".", ".."):
-            raise EvaluationError(f"name={e.name}: use letters, digits and . _ - = + only (it names a folder under "
-                                  "RUN_DIR/evaluations/ or RUN_DIR/predictions/)")
-        return str(e.name)
-    parts = ["final" if kind == "run" else weights.name, Path(e.file).stem if e.file else e.split]
-    if e.precision is not None:
-        parts.append(f"precision-{e.precision}")
-    if e.batch_size is not None:
-        parts.append(f"batch-{e.batch_size}")
-    return re.sub(r"[^\w.=+-]", "_", "_".join(parts))
-
-
 @dataclasses.dataclass
 class SavedRun:
     """A saved run opened: its weights, and its config with the command line's changes (labels: the model's)."""
@@ -92,11 +77,23 @@ class SavedRun:
         check_weights(missing, sorted(info["unexpected_keys"]), f"{self.kind}={self.weights}")
         return accelerator, ran, tokenizer, model
 
+    def output_dir(self, e: DictConfig, under: str) -> Path:
+        """RUN_DIR/<under>/<name>, `name=` or one made of the weights, data and overrides (a rerun replaces it)."""
+        if e.name is not None:
+            if not re.fullmatch(r"[\w.=+-]+", str(e.name)) or str(e.name) in (".", ".."):
+                raise EvaluationError(f"name={e.name}: use letters, digits and . _ - = + only (it names a folder "
+                                      "under RUN_DIR/evaluations/ or RUN_DIR/predictions/)")
+            return self.run_dir / under / str(e.name)
+        parts = ["final" if self.kind == "run" else self.weights.name, Path(e.file).stem if e.file else e.split]
+        if e.precision is not None:
+            parts.append(f"precision-{e.precision}")
+        if e.batch_size is not None:
+            parts.append(f"batch-{e.batch_size}")
+        return self.run_dir / under / re.sub(r"[^\w.=+-]", "_", "_".join(parts))
+
 
 def check_weights(missing: list[str], unexpected: list[str], where: str) -> None:
     """Refuse weights that are not the model's, key for key: transformers would start a missing one from random."""
-    if not missing and not unexpected:
-        return
     parts = []
     if missing:
         parts.append(f"{len(missing)} of the model's weights are missing from it or of another shape "
@@ -106,19 +103,19 @@ def check_weights(missing: list[str], unexpected: list[str], where: str) -> None
             k.startswith("_orig_mod.") for k in unexpected) else ""
         parts.append(f"{len(unexpected)} of its weights are not the model's ({', '.join(unexpected[:5])}"
                      f"{', ...' if len(unexpected) > 5 else ''}){hint}")
-    raise EvaluationError(f"{where}: the saved weights do not match the model: {'; '.join(parts)}. Not loading "
-                          "them; use another checkpoint of the run (checkpoint=RUN_DIR/checkpoints/step_N)")
+    if parts:
+        raise EvaluationError(f"{where}: the saved weights do not match the model: {'; '.join(parts)}. Not "
+                              "loading them; use another checkpoint of the run (checkpoint=RUN_DIR/checkpoints/step_N)")
 
 
 def open_saved(e: DictConfig) -> SavedRun:
     """The run or checkpoint that `run=`/`checkpoint=` name, with its config as trained plus `precision=`,
     `batch_size=` and the `task.<key>=` overrides (checked by the task family)."""
     run_dir, weights, key = _source(e)  # the kind is the key that named it: run or checkpoint
-    given = weights if key == "checkpoint" else run_dir
-    cfg_path = given / "config.yaml"
+    cfg_path = (weights if key == "checkpoint" else run_dir) / "config.yaml"
     if not cfg_path.is_file():
-        raise ModelLoadError(f"{key}={given}: no {cfg_path.name}, the config the run was trained with (not a folder "
-                             "written by an ampft run?)")
+        raise ModelLoadError(f"{key}={cfg_path.parent}: no {cfg_path.name}, the config the run was trained with (not "
+                             "a folder written by an ampft run?)")
     try:
         cfg = OmegaConf.merge(OmegaConf.structured(FinetuneConfig), OmegaConf.load(cfg_path))
     except (OmegaConfBaseException, yaml.YAMLError) as exc:
@@ -134,8 +131,7 @@ def open_saved(e: DictConfig) -> SavedRun:
     if e.get("file") is not None:  # all of it: the run's sample limits apply to the run's own splits only
         cfg.task.max_train_samples = cfg.task.max_eval_samples = None
     if changed := {k: v for k, v in (e.get("task") or {}).items() if v is not None}:
-        for name, value in changed.items():
-            cfg.task[name] = value
+        cfg.task.update(changed)
         if problems := family.check(cfg.task, [("file", e.file)] if e.get("file") else []):
             raise ConfigError(problems)
     if e.precision is not None:
@@ -150,8 +146,7 @@ def evaluate_saved(e: DictConfig) -> dict[str, Any]:
     <run>/evaluations/<name>/eval.json and alone gets its "path" in the result."""
     saved = open_saved(e)
     cfg, family, task = saved.cfg, saved.family, saved.cfg.task
-    name = evaluation_name(e, saved.weights, saved.kind)
-    out_dir = saved.run_dir / "evaluations" / name
+    out_dir = saved.output_dir(e, "evaluations")
     if e.split not in ("train", "validation"):
         raise EvaluationError(f"split={e.split}: use split=validation or split=train (or file=PATH)")
     if e.file is not None:
@@ -180,7 +175,7 @@ def evaluate_saved(e: DictConfig) -> dict[str, Any]:
     loaders = dict(zip(["validation", *data.extra], [eval_dl, *extra_dls], strict=True))
     results = tasks.evaluate(accelerator, model, data, loaders, task, out_dir)
     labels = None if task.labels is None else [str(x) for x in task.labels]
-    out = dict(name=name, source=str(saved.weights), kind=saved.kind, data=e.file or f"{task.name}:{e.split}",
+    out = dict(name=out_dir.name, source=str(saved.weights), kind=saved.kind, data=e.file or f"{task.name}:{e.split}",
                precision=ran, eval_batch_size=cfg.trainer.eval_batch_size, num_processes=accelerator.num_processes,
                positive_label=family.positive_label(task, labels),
                metrics={k: v for k, v in results.items() if k != "samples"}, samples=results["samples"],
