@@ -55,8 +55,7 @@ DEEPSPEED_SCALER = dict.fromkeys(("precision.init_scale", "precision.growth_fact
 
 
 def data_digests(config: dict[str, Any]) -> dict[str, str | None]:
-    """The local training file's content digest by config key, so a resume can check it trains on the same
-    data (None: unreadable now)."""
+    """The local training file's content digest by config key (None: unreadable now), for a resume to compare."""
     if (path := config["task"].get("train_file")) is None:
         return {}
     with contextlib.suppress(OSError):
@@ -180,11 +179,14 @@ def _line_start(root: Path) -> dict[str, Any] | None:
 
 
 def _next_seq(root: Path) -> int:
-    seqs = [0, (_line_start(root) or {}).get("seq", 0)]
-    for p in root.glob("step_*/" + MANIFEST):
-        with contextlib.suppress(ValueError, OSError, TypeError, AttributeError):  # a foreign or torn manifest
-            seqs.append(int(json.loads(p.read_text()).get("seq", 0)))
-    return max(seqs) + 1
+    """One more than any `seq` of the line marker and the sealed manifests (the others are in no line)."""
+    sealed = [body for p in root.glob("step_*") if (body := _sealed(p)) is not None]
+    return max([(_line_start(root) or {}).get("seq", 0), *(body.get("seq", 0) for body in sealed)]) + 1
+
+
+def _ref(path: Path) -> dict[str, Any]:
+    """How a manifest or the line marker names its parent: by folder name and `seq` (a reused name shows)."""
+    return {"name": path.name, "seq": manifest(path).get("seq", 0)}
 
 
 def mark_line(run_dir: Path, start: Path | None, run_id: str | None) -> None:
@@ -194,15 +196,14 @@ def mark_line(run_dir: Path, start: Path | None, run_id: str | None) -> None:
     if not any(root.glob("step_*")):
         return
     on_line = start is not None and Path(start).parent.resolve() == root.resolve()
-    parent = {"name": Path(start).name, "seq": manifest(start).get("seq", 0)} if on_line else None
-    body = {"seq": _next_seq(root), "parent": parent, "run_id": run_id, "created": time.time()}
+    body = {"seq": _next_seq(root), "parent": _ref(Path(start)) if on_line else None, "run_id": run_id,
+            "created": time.time()}
     files.write_atomic(root / LINE, json.dumps(body, indent=1))
 
 
 def healthy(path: Path) -> bool | None:
     """True/False once the losses its weights produced passed/failed the divergence checks; None: not yet."""
-    verdict = manifest(path).get("health")
-    return None if verdict is None else bool(verdict["ok"])
+    return None if (verdict := manifest(path).get("health")) is None else bool(verdict["ok"])
 
 
 def record_health(path: Path, ok: bool, loss: float | None, step: int, why: str | None = None) -> None:
@@ -219,7 +220,7 @@ def known_good(path: Path | None) -> Path | None:
 def clean(root: Path) -> None:
     """Remove what interrupted saves (`step_N.tmp`) and deletions (`step_N.deleting`) left behind."""
     for p in sorted(root.glob("step_*")):
-        if p.is_dir() and not STEP_DIR.match(p.name) and p.suffix in (".tmp", ".deleting"):
+        if p.is_dir() and p.suffix in (".tmp", ".deleting"):
             log.info("removing %s (left by an interrupted save or deletion)", p)
             with contextlib.suppress(OSError):
                 _delete(p)
@@ -264,9 +265,7 @@ def save(accelerator: Accelerator, run_dir: Path, step: int, info: dict[str, Any
             (tmp / "config.yaml").write_text(OmegaConf.to_yaml(config))
             model_config.to_json_file(tmp / "config.json")  # the architecture, to evaluate this checkpoint alone
             names = [str(p.relative_to(tmp)) for p in sorted(tmp.rglob("*")) if p.is_file()]
-            ref = None
-            if parent is not None and (Path(parent) / MANIFEST).is_file():
-                ref = {"name": Path(parent).name, "seq": manifest(parent).get("seq", 0)}
+            ref = _ref(Path(parent)) if parent is not None and (Path(parent) / MANIFEST).is_file() else None
             write_manifest(tmp, {  # written last: its presence means complete
                 "step": step, **info, "created": time.time(), "seq": _next_seq(root), "parent": ref, "run_id": run_id,
                 "health": None, "world_size": accelerator.num_processes,
@@ -405,15 +404,14 @@ def load(accelerator: Accelerator, path: Path, scheduler=None) -> dict[str, Any]
     except (pickle.UnpicklingError, RuntimeError, ValueError, KeyError, OSError) as exc:
         raise CheckpointError(f"checkpoint {path} could not be loaded (weights-only loading, nothing executed): "
                               f"{type(exc).__name__}: {str(exc)[:500]}") from None
-    if not _scheduler_left_out(accelerator, scheduler):
-        return state
-    if not (path / SCHEDULER).is_file():
-        raise CheckpointError(f"checkpoint {path} has no {SCHEDULER}: the learning-rate schedule could not be "
-                              "resumed (a checkpoint written without it, e.g. by another backend)")
-    try:
-        scheduler.load_state_dict(json.loads((path / SCHEDULER).read_text()))
-    except (ValueError, TypeError, KeyError) as exc:
-        raise CheckpointError(f"checkpoint {path}: {SCHEDULER} is not a scheduler state: {exc}") from None
+    if _scheduler_left_out(accelerator, scheduler):
+        try:
+            scheduler.load_state_dict(json.loads((path / SCHEDULER).read_text()))
+        except OSError:
+            raise CheckpointError(f"checkpoint {path} has no {SCHEDULER}: the learning-rate schedule could not be "
+                                  "resumed (a checkpoint written without it, e.g. by another backend)") from None
+        except (ValueError, TypeError, KeyError) as exc:
+            raise CheckpointError(f"checkpoint {path}: {SCHEDULER} is not a scheduler state: {exc}") from None
     return state
 
 
