@@ -167,11 +167,10 @@ def check_overrides(cfg: Any, overrides: list[str]) -> None:
     loader = GlobalHydra.instance().config_loader()
     problems = []
     for o in OverridesParser.create().parse_overrides(overrides):
-        key = o.key_or_group
-        if not (o.is_add() or o.is_force_add()) or key.split(".")[0] == "hydra" or loader.get_group_options(key):
-            continue
-        node = cfg
+        key, node = o.key_or_group, cfg
         parts = key.split(".")
+        if not (o.is_add() or o.is_force_add()) or parts[0] == "hydra" or loader.get_group_options(key):
+            continue
         for i, part in enumerate(parts):
             if not isinstance(node, DictConfig) or (ref := node._metadata.ref_type) is dict \
                     or typing.get_origin(ref) is dict:  # an open dict (model.arch: transformers kwargs): any key
