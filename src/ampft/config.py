@@ -17,7 +17,7 @@ import typing
 from collections.abc import Callable
 from dataclasses import Field, dataclass, field, fields, is_dataclass, make_dataclass
 from datetime import datetime
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -27,84 +27,49 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from ampft.errors import ConfigError  # noqa: F401  (re-exported: `from ampft.config import ConfigError`)
 
-
-class Choice(str, Enum):
-    """A config choice: compares equal to its string and prints as it (so `${precision.name}` in a path
-    reads fp32, not Precision.fp32)."""
-
-    def __str__(self) -> str:
-        return self.value
-
-
-class Precision(Choice):
-    fp32 = "fp32"
-    tf32 = "tf32"
-    fp16 = "fp16"
-    bf16 = "bf16"
+# A config choice is a StrEnum: it compares equal to its string and prints as it (so `${precision.name}` in a
+# path reads fp32, not Precision.fp32). The functional form names the choices that need no note.
+Precision = StrEnum("Precision", "fp32 tf32 fp16 bf16")
+TagScheme = StrEnum("TagScheme", {"IOB1": "IOB1", "IOB2": "IOB2"})
+SchedulerName = StrEnum("SchedulerName", "linear cosine constant")
+LoggerName = StrEnum("LoggerName", "tensorboard wandb mlflow none")
+MetricMode = StrEnum("MetricMode", "max min")
 
 
-class TagScheme(Choice):
-    IOB1 = "IOB1"
-    IOB2 = "IOB2"
-
-
-class SeqevalMode(Choice):
+class SeqevalMode(StrEnum):
     default = "default"  # conlleval's chunking (the same for IOB1 and IOB2)
     strict = "strict"  # seqeval's mode="strict": only chunks well-formed in task.tag_scheme count
 
 
-class AttnImplementation(Choice):
+class AttnImplementation(StrEnum):
     auto = "auto"  # flash_attention_2 where flash-attn is installed on an Ampere+ GPU in fp16/bf16, else sdpa
     eager = "eager"
     sdpa = "sdpa"
     flash_attention_2 = "flash_attention_2"
 
 
-class OptimImplementation(Choice):
+class OptimImplementation(StrEnum):
     auto = "auto"  # fused on CUDA and CPU, foreach elsewhere and under fp16 (ampft.finetune.build_optimizer)
     fused = "fused"
     foreach = "foreach"
     loop = "loop"  # plain per-parameter loop, the slowest; for debugging
 
 
-class Padding(Choice):
+class Padding(StrEnum):
     longest = "longest"  # dynamic: each batch padded to its longest sequence (rounded up, see pad_to_multiple_of)
     max_length = "max_length"  # every batch padded to task.max_length (run_glue's default; for comparison)
 
 
-class SchedulerName(Choice):
-    linear = "linear"
-    cosine = "cosine"
-    constant = "constant"
-
-
-class MetricMode(Choice):
-    max = "max"
-    min = "min"
-
-
-LOWER_IS_BETTER = ("loss", "error")  # metric names ending so are minimised (validation loss, error rates)
-
-
 def metric_mode(metric: str, mode: MetricMode | str | None) -> str:
-    """`checkpoint.mode`, or when null the direction of the metric: min for loss/error, max otherwise."""
+    """`checkpoint.mode`, or when null the direction of the metric: min for loss/error (validation loss, error
+    rates), max otherwise."""
     if mode is not None:
         return MetricMode(mode).value
-    return "min" if metric.split("/")[-1].endswith(LOWER_IS_BETTER) else "max"
+    return "min" if metric.split("/")[-1].endswith(("loss", "error")) else "max"
 
 
-class LoggerName(Choice):
-    tensorboard = "tensorboard"
-    wandb = "wandb"
-    mlflow = "mlflow"
-    none = "none"
-
-
-# ---- What the package reads about each field, kept with the field (`setting`) -------------------------------
-
-
-def is_finite(x: Any) -> bool:
-    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+# Range checks for `setting(range=...)`. Composition has already refused a value of the wrong type, and NaN
+# fails every comparison; a check that raises TypeError (None where a number is due) fails too.
 
 
 def is_text(x: Any) -> bool:
@@ -112,11 +77,11 @@ def is_text(x: Any) -> bool:
 
 
 def is_fraction(x: Any) -> bool:
-    return is_finite(x) and 0 <= x <= 1
+    return 0 <= x <= 1
 
 
 def positive(x: Any) -> bool:
-    return is_finite(x) and x > 0
+    return math.isfinite(x) and x > 0
 
 
 def at_least(low: int) -> Callable[[Any], bool]:
@@ -220,7 +185,7 @@ class TaskConfig:
     n_best: int = 20  # start and end candidates per window
     version_2: bool = False  # SQuAD v2.0: unanswerable questions, no-answer if null score wins
     # v2: answer "" when null score - best span score > this.
-    null_threshold: float = setting(0.0, range=(is_finite, "a finite number"))
+    null_threshold: float = setting(0.0, range=(math.isfinite, "a finite number"))
     # Fraction of questions that would silently train as "no answer" tolerated (with a warning naming them):
     # answer_start not pointing at the answer text, and in SQuAD v1.1 (version_2=false) questions without
     # answers. More is a data error; the official SQuAD files have none.
@@ -234,7 +199,7 @@ class PrecisionConfig:
     init_scale: float = setting(65536.0, range=(positive, "> 0"))  # 2^16, torch's default
     # The scale grows by growth_factor after growth_interval clean steps, shrinks by backoff_factor on an overflow
     # (the step is skipped).
-    growth_factor: float = setting(2.0, range=(lambda x: is_finite(x) and x > 1, "> 1"))
+    growth_factor: float = setting(2.0, range=(lambda x: math.isfinite(x) and x > 1, "> 1"))
     backoff_factor: float = setting(0.5, range=(lambda x: 0 < x < 1, "in (0, 1)"))
     growth_interval: int = setting(2000, range=(at_least(1), ">= 1"))
     # Overflows tolerated before backing off (DeepSpeed only).
@@ -247,17 +212,17 @@ class PrecisionConfig:
     max_consecutive_nonfinite: int = setting(10, range=(at_least(1), ">= 1"))
     # Stop the run when a logging window's mean loss exceeds this multiple of the first micro-batch's loss;
     # 0 disables. Fine-tuning stays well below it; a diverging run crosses it within a few steps.
-    max_loss_ratio: float = setting(10.0, exact=False, range=(lambda x: x == 0 or (is_finite(x) and x > 1),
+    max_loss_ratio: float = setting(10.0, exact=False, range=(lambda x: x == 0 or (math.isfinite(x) and x > 1),
                                                               "> 1 (e.g. 10), or 0 to disable"))
 
 
-class DeepSpeedPrecision(Choice):
+class DeepSpeedPrecision(StrEnum):
     auto = "auto"  # autocast for bf16; DeepSpeed's own fp16 mode for fp16 (its loss scaler honours precision.*)
     autocast = "autocast"  # DeepSpeed's torch_autocast: fp32 weights and gradients, 16-bit matmuls (as elsewhere)
     half = "half"  # DeepSpeed's fp16/bf16 sections: 16-bit weights, activations and gradients, fp32 master copy
 
 
-class Backend(Choice):
+class Backend(StrEnum):
     single = "single"  # one process (CPU or one GPU)
     ddp = "ddp"  # Accelerate multi-process data parallel (MULTI_GPU, or MULTI_CPU with gloo)
     deepspeed = "deepspeed"
@@ -294,9 +259,9 @@ class DistributedConfig:
 class OptimConfig:
     name: str = setting("adamw", range=(lambda x: x == "adamw", "adamw (the one optimizer built)"))
     lr: float = setting(5e-5, range=(positive, "a finite number > 0, e.g. 3e-5"))
-    weight_decay: float = setting(0.01, range=(lambda x: is_finite(x) and x >= 0, ">= 0, e.g. 0.01"))
+    weight_decay: float = setting(0.01, range=(lambda x: math.isfinite(x) and x >= 0, ">= 0, e.g. 0.01"))
     betas: list[float] = setting(factory=lambda: [0.9, 0.999], range=(
-        lambda x: len(x) == 2 and all(is_finite(b) and 0 <= b < 1 for b in x),
+        lambda x: len(x) == 2 and all(0 <= b < 1 for b in x),
         "two numbers in [0, 1), e.g. [0.9,0.999]"))
     eps: float = setting(1e-8, range=(positive, "> 0, e.g. 1e-8"))
     implementation: OptimImplementation = OptimImplementation.auto
@@ -313,7 +278,7 @@ class SchedulerConfig:
 @dataclass
 class TrainerConfig:
     epochs: float = setting(3.0, exact=True,
-                            range=(is_finite, "a finite number (> 0 unless trainer.max_steps > 0)"))
+                            range=(math.isfinite, "a finite number (> 0 unless trainer.max_steps > 0)"))
     max_steps: int = -1  # > 0 wins over epochs
     # Stop training after this many minutes (then evaluate and export as at the end); the learning-rate
     # schedule stays the one planned for epochs/max_steps. null: no time limit.
@@ -322,9 +287,8 @@ class TrainerConfig:
     eval_batch_size: int | None = setting(None, range=(optional(at_least(1)),
                                                        "null (2 x batch_size) or >= 1"))
     grad_accum: int = setting(1, exact=True, range=(at_least(1), ">= 1"))
-    # 0 disables clipping.
     max_grad_norm: float = setting(1.0, exact=True,
-                                   range=(lambda x: is_finite(x) and x >= 0, ">= 0 (0: no clipping)"))
+                                   range=(lambda x: math.isfinite(x) and x >= 0, ">= 0 (0: no clipping)"))
     log_every: int = setting(20, range=(at_least(1), ">= 1"))  # optimizer steps
     eval_every: int = setting(0, range=(at_least(0), ">= 0 (0 evaluates at each epoch end)"))  # optimizer steps
     seed: int = setting(42, range=(lambda x: 0 <= x < 2**32, "in [0, 2^32)"), exact=True)
@@ -393,7 +357,7 @@ class PublishedConfig:
 
     source: str | None = setting(None, range=(optional(is_text), "null or where the scores were published"))
     split: str | None = setting(None, range=(optional(is_text), "null or the split they were measured on"))
-    scores: dict[str, float] = setting(factory=dict, range=(lambda x: all(is_finite(v) for v in x.values()),
+    scores: dict[str, float] = setting(factory=dict, range=(lambda x: all(math.isfinite(v) for v in x.values()),
                                                             "{metric: score in percent}"))
 
 
@@ -442,7 +406,7 @@ SavedRunTask = make_dataclass("SavedRunTask", [(k, _TASK_TYPES[k] | None, field(
                                                for k in SAVED_RUN_TASK_KEYS])
 
 
-class PredictFormat(Choice):
+class PredictFormat(StrEnum):
     jsonl = "jsonl"  # predictions.jsonl: one JSON object per input, in the input's order
     glue = "glue"  # also the GLUE test server's file (SST-2.tsv, MNLI-m.tsv, ...: index<TAB>prediction)
 
