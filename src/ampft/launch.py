@@ -5,6 +5,7 @@ handed the composed config in `$AMPFT_LAUNCHED` (docs/architecture.md, `launch`)
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import shlex
@@ -35,8 +36,7 @@ def compose(overrides: list[str], with_hydra: bool = False) -> DictConfig:
         try:
             cfg = hydra_compose(config_name="finetune", overrides=overrides, return_hydra_config=with_hydra)
         except Exception as exc:
-            problem = compose_problem(exc)
-            if problem is None:
+            if (problem := compose_problem(exc)) is None:
                 raise
             raise ConfigError([problem]) from None
         check_overrides(cfg, overrides)
@@ -62,19 +62,15 @@ def _run_dir(cfg: DictConfig, overrides: list[str], create: bool = True) -> str 
     if cfg.distributed.num_machines > 1:
         job = os.environ.get("SLURM_JOB_ID")
         return f"{base}/job-{job}" if job else None
+    if not create:
+        return f"{base}/{run_stamp()}"
     drawn = set()
-    while True:
-        path = f"{base}/{run_stamp()}"
-        if not create:
-            return path
-        if path in drawn:  # run_stamp is fixed inside a rank ($LOCAL_RANK): no other name to draw
-            raise ConfigError([f"run dir {path} exists and no other name can be drawn here: pass hydra.run.dir="])
+    while (path := f"{base}/{run_stamp()}") not in drawn:  # run_stamp is fixed inside a rank ($LOCAL_RANK)
         drawn.add(path)
-        try:
-            Path(path).mkdir(parents=True, exist_ok=False)
+        with contextlib.suppress(FileExistsError):  # another run took this name in the same second: draw again
+            Path(path).mkdir(parents=True)
             return path
-        except FileExistsError:  # another run took this name in the same second: draw again
-            continue
+    raise ConfigError([f"run dir {path} exists and no other name can be drawn here: pass hydra.run.dir="])
 
 
 def commands(cfg: DictConfig, overrides: list[str], create: bool = True) -> tuple[list[list[str]], dict[str, str]]:
@@ -85,18 +81,17 @@ def commands(cfg: DictConfig, overrides: list[str], create: bool = True) -> tupl
     from ampft.config import Backend
 
     d = cfg.distributed
-    passed = [o for o in overrides if not o.startswith("hydra.run.dir=")]
-    if d.backend == Backend.single and d.num_processes == 1 and d.num_machines == 1:
-        return [[sys.executable, RECIPE, *passed, f"hydra.run.dir={_run_dir(cfg, overrides, create)}"]], {}
-    if d.num_machines > 1 and _run_dir(cfg, overrides, create=False) is None:
+    run_dir = _run_dir(cfg, overrides, create)
+    if run_dir is None:
         raise ConfigError(["several machines need one shared run directory: pass hydra.run.dir=/shared/path "
                            "(or run under SLURM, where $SLURM_JOB_ID names it)"])
-    env = {}
-    if not torch.cuda.is_available() and d.backend in (Backend.ddp, Backend.fsdp):
-        # MULTI_CPU ranks over gloo (`--cpu` alone starts one process); FSDP2 then runs on them
-        # (ampft.distributed.fsdp_on_cpu). DeepSpeed needs no flag: it gets gloo from ampft.
-        env["ACCELERATE_USE_CPU"] = "true"
-    run_dir = _run_dir(cfg, overrides, create)  # after every refusal: no empty folder left behind
+    recipe = [RECIPE, *[o for o in overrides if not o.startswith("hydra.run.dir=")], f"hydra.run.dir={run_dir}"]
+    if d.backend == Backend.single and d.num_processes == 1 and d.num_machines == 1:
+        return [[sys.executable, *recipe]], {}
+    # MULTI_CPU ranks over gloo (`--cpu` alone starts one process); FSDP2 then runs on them
+    # (ampft.distributed.fsdp_on_cpu). DeepSpeed needs no flag: it gets gloo from ampft.
+    on_cpu = not torch.cuda.is_available() and d.backend in (Backend.ddp, Backend.fsdp)
+    env = {"ACCELERATE_USE_CPU": "true"} if on_cpu else {}
     cmds = []
     for rank in range(d.num_machines):
         cmd = [sys.executable, "-m", "ampft.launch", ACCELERATE,
@@ -105,7 +100,7 @@ def commands(cfg: DictConfig, overrides: list[str], create: bool = True) -> tupl
                "--num_machines", str(d.num_machines), "--machine_rank", str(rank)]
         if d.num_machines > 1:
             cmd += ["--main_process_ip", str(d.main_process_ip), "--main_process_port", str(d.main_process_port)]
-        cmds.append([*cmd, RECIPE, *passed, f"hydra.run.dir={run_dir}"])
+        cmds.append(cmd + recipe)
     return cmds, env
 
 
@@ -156,14 +151,14 @@ def main(argv: list[str]) -> None:
         print("warning: checkpoint.resume=latest without hydra.run.dir: this run gets a new run dir, so it starts "
               "afresh; to resume a run, pass hydra.run.dir=<its run dir>", file=sys.stderr)
     cmds, env = commands(cfg, overrides, create=not dry_run)
-    prefix = " ".join(f"{k}={v}" for k, v in env.items())
+    prefix = "".join(f"{k}={v} " for k, v in env.items())
     if dry_run:
         for rank, cmd in enumerate(cmds):
             where = f"machine {rank}" if len(cmds) > 1 else "command"
-            print(f"# {where}\n{prefix + ' ' if prefix else ''}{shlex.join(cmd)}")
+            print(f"# {where}\n{prefix}{shlex.join(cmd)}")
         return
     cmd = cmds[cfg.distributed.machine_rank]
-    print(f"+ {prefix + ' ' if prefix else ''}{shlex.join(cmd)}", file=sys.stderr, flush=True)
+    print(f"+ {prefix}{shlex.join(cmd)}", file=sys.stderr, flush=True)
     env[HANDOFF] = handoff(composed, cmd[cmd.index(RECIPE) + 1:])
     os.execve(sys.executable, cmd, {**os.environ, **env})
 
