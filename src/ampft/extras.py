@@ -10,11 +10,7 @@ from types import ModuleType
 from ampft.errors import MissingExtraError
 
 # extra -> the pip packages it installs (the same lists as [project.optional-dependencies]).
-EXTRAS = {
-    "metrics": "scikit-learn scipy",
-    "plots": "matplotlib",
-    "tensorboard": "tensorboard",
-}
+EXTRAS = {"metrics": "scikit-learn scipy", "plots": "matplotlib", "tensorboard": "tensorboard"}
 
 
 def require(module: str, extra: str, feature: str) -> ModuleType:

@@ -62,8 +62,7 @@ class SweepSummary(Callback):
         sweeper = config.hydra.sweeper
         with read_write(sweeper), open_dict(sweeper):  # before the sweeper is instantiated from it
             if "direction" in sweeper and not _given(config, "hydra.sweeper.direction"):
-                mode = metric_mode(config.task.main_metric, None)
-                sweeper.direction = "maximize" if mode == "max" else "minimize"
+                sweeper.direction = "maximize" if metric_mode(config.task.main_metric, None) == "max" else "minimize"
             if "max_failure_rate" in sweeper and not _given(config, "hydra.sweeper.max_failure_rate"):
                 sweeper.max_failure_rate = 1.0
 
@@ -116,9 +115,6 @@ class SweepSummary(Callback):
             raise SystemExit(FAILED_EXIT_CODE)
 
     def _table(self) -> str:
-        def cell(x: Any) -> str:
-            return str(x).replace("|", "\\|")
-
         fixed = {o.split("=", 1)[0] for o in self.fixed}
         lines = ["| job | overrides | status | exit | main metric | wall time | run dir | error |",
                  "|---|---|---|---|---|---|---|---|"]
@@ -129,7 +125,7 @@ class SweepSummary(Callback):
             varying = " ".join(o for o in r["overrides"] if o.split("=", 1)[0] not in fixed)
             cells = (r["job"], varying, r["status"], r["exit_code"], value, f"{r['wall_seconds']:.1f} s", shown,
                      r["error"] or "")
-            lines.append("| " + " | ".join(cell(x) for x in cells) + " |")
+            lines.append("| " + " | ".join(str(x).replace("|", "\\|") for x in cells) + " |")
         return "\n".join(lines)
 
     def _write(self) -> None:

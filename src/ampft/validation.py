@@ -39,10 +39,10 @@ def metric_keys(task: DictConfig) -> list[str]:
 def validate(cfg: DictConfig) -> list[str]:
     """Check what the schema cannot; raise ConfigError with all problems, return warnings."""
     tr, task, ck, m, d = cfg.trainer, cfg.task, cfg.checkpoint, cfg.model, cfg.distributed
-    deepspeed, fp16, chunked = d.backend == Backend.deepspeed, cfg.precision.name == Precision.fp16, \
-        (tr.length_chunks or 1) > 1
-    metric, project, resume = ck.metric or task.main_metric, cfg.logging.project, ck.resume
-    lower = metric_mode(metric, None) == "min"
+    deepspeed, fp16 = d.backend == Backend.deepspeed, cfg.precision.name == Precision.fp16
+    chunked, project, resume = (tr.length_chunks or 1) > 1, cfg.logging.project, ck.resume
+    metric = ck.metric or task.main_metric
+    mode = metric_mode(metric, None)
     rules = [  # (a problem when true, its message)
         (tr.max_steps <= 0 and tr.epochs <= 0, f"trainer.epochs={tr.epochs} and trainer.max_steps={tr.max_steps}: "
          "set trainer.epochs > 0 or trainer.max_steps > 0"),
@@ -53,8 +53,8 @@ def validate(cfg: DictConfig) -> list[str]:
          "true: chunks of every size would each compile a new graph; use trainer.length_chunks=null (1 under compile)"),
         (ck.metric not in (None, "loss", *metric_keys(task)), f"checkpoint.metric={ck.metric}: not one of "
          f"{metric_keys(task)} (from task.metrics={list(task.metrics)}) or loss"),
-        (ck.mode is not None and ck.mode != metric_mode(metric, None), f"checkpoint.mode={ck.mode} with checkpoint."
-         f"metric={metric}: {metric} is better when {'lower' if lower else 'higher'}; the best checkpoint would be "
+        (ck.mode is not None and ck.mode != mode, f"checkpoint.mode={ck.mode} with checkpoint."
+         f"metric={metric}: {metric} is better when {'lower' if mode == 'min' else 'higher'}; the best checkpoint would be "
          "the worst. Leave checkpoint.mode unset (null: inferred from the metric)"),
         ((ck.keep_best or ck.export_best) and not ck.every,
          "checkpoint.keep_best/export_best need periodic checkpoints: set checkpoint.every=N"),
