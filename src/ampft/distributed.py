@@ -11,6 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from accelerate.state import PartialState
+from accelerate.utils import (
+    DeepSpeedPlugin,
+    DistributedType,
+    FullyShardedDataParallelPlugin,
+    InitProcessGroupKwargs,
+)
 from omegaconf import DictConfig
 
 from ampft.config import Backend, ConfigError
@@ -64,20 +71,15 @@ def accelerator_kwargs(cfg: DictConfig) -> dict[str, Any]:
     d = cfg.distributed
     kwargs: dict[str, Any] = {}
     if d.backend == Backend.deepspeed:
-        from accelerate.utils import DeepSpeedPlugin
-
         config, caveats = deepspeed_config(cfg)
         for caveat in caveats:
             log.warning("DeepSpeed: %s", caveat)
         kwargs["deepspeed_plugin"] = DeepSpeedPlugin(hf_ds_config=config, zero3_save_16bit_model=d.zero_stage == 3)
     if _deepspeed(cfg) and not torch.cuda.is_available():
-        from accelerate.utils import InitProcessGroupKwargs
-
         # Accelerate picks no process-group backend for DeepSpeed without GPUs, so every rank would run
         # alone; gloo gives DeepSpeed (its CPU accelerator, without oneCCL) a real world.
         kwargs["kwargs_handlers"] = [InitProcessGroupKwargs(backend="gloo")]
     if d.backend == Backend.fsdp:
-        from accelerate.utils import FullyShardedDataParallelPlugin
         from torch.distributed.fsdp import MixedPrecisionPolicy
 
         kwargs["fsdp_plugin"] = FullyShardedDataParallelPlugin(
@@ -98,10 +100,10 @@ def accelerator_kwargs(cfg: DictConfig) -> dict[str, Any]:
     return kwargs
 
 
-def launcher_checkpointing_problem(env: dict[str, str] | None = None) -> str | None:
+def launcher_checkpointing_problem() -> str | None:
     """Accelerate told to checkpoint activations itself (FSDP_ACTIVATION_CHECKPOINTING, from its flag or config
     file), which ampft's FSDP plugin would silently not do: the refusal names the switch that does."""
-    told = (os.environ if env is None else env).get("FSDP_ACTIVATION_CHECKPOINTING", "false").strip().lower()
+    told = os.environ.get("FSDP_ACTIVATION_CHECKPOINTING", "false").strip().lower()
     if told not in ("1", "true", "yes", "on"):
         return None
     return ("Accelerate was told fsdp_activation_checkpointing=true (accelerate launch "
@@ -115,9 +117,6 @@ def fsdp_on_cpu(accelerator, plugin) -> None:
     """Run FSDP2 on CPU ranks through Accelerate's own FSDP path: Accelerate 1.15 takes an FSDP plugin only for
     GPU-like worlds (on CPU ranks it silently runs DDP), but `fully_shard` runs on gloo, so ampft finishes the
     set-up Accelerate skipped (the FSDP type, the plugin, its mixed-precision policy)."""
-    from accelerate.state import PartialState
-    from accelerate.utils import DistributedType
-
     state = accelerator.state
     if plugin is None or state.distributed_type != DistributedType.MULTI_CPU:
         return
@@ -140,8 +139,8 @@ def transformer_layer_class(model: torch.nn.Module) -> str:
 
 def set_fsdp_layers(accelerator, model: torch.nn.Module) -> None:
     """FSDP: wrap this model's transformer layer class (chosen per model, before `prepare`)."""
-    plugin = getattr(accelerator.state, "fsdp_plugin", None)
-    if plugin is not None and accelerator.distributed_type.value == "FSDP":
+    if accelerator.distributed_type == DistributedType.FSDP:
+        plugin = accelerator.state.fsdp_plugin
         plugin.transformer_cls_names_to_wrap = [transformer_layer_class(model)]
         log.info("FSDP: sharding each %s, then the root", plugin.transformer_cls_names_to_wrap[0])
 
@@ -181,9 +180,9 @@ def prepare_environment(cfg: DictConfig, run_dir: Path) -> None:
 
 def check_world(accelerator) -> None:
     """Refuse a run whose ranks would each train alone: every rank must see the launcher's world size."""
-    import torch.distributed as dist
-
-    world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else int(os.environ.get("WORLD_SIZE", 1))
+    dist = torch.distributed
+    joined = dist.is_available() and dist.is_initialized()
+    world = dist.get_world_size() if joined else int(os.environ.get("WORLD_SIZE", 1))
     if world != accelerator.num_processes:
         raise ConfigError([
             f"the launcher started {world} ranks but Accelerate set up {accelerator.num_processes} process(es) "

@@ -22,12 +22,7 @@ import torch
 import transformers
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState, GradientState
-from accelerate.utils import (
-    DataLoaderConfiguration,
-    TorchDynamoPlugin,
-    broadcast_object_list,
-    set_seed,
-)
+from accelerate.utils import DataLoaderConfiguration, TorchDynamoPlugin, broadcast_object_list, set_seed
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from huggingface_hub.errors import HFValidationError
 from huggingface_hub.utils import validate_repo_id
@@ -42,7 +37,7 @@ from ampft.devices import cpu_name
 from ampft.engine import Training, TrainingDiverged, TrainState, fit, weights_finite
 from ampft.errors import Preempted
 from ampft.models import build_model, load_tokenizer
-from ampft.tracking import Tracker, format_summary, log_with, peak_memory_bytes, write_summary
+from ampft.tracking import Tracker, format_summary, log_with, peak_memory_bytes
 from ampft.validation import validate
 
 log = logging.getLogger(__name__)
@@ -81,8 +76,8 @@ def make_accelerator(cfg: DictConfig, run_dir: Path) -> Accelerator:
         kwargs[key] = kwargs.get(key, []) + value if key == "kwargs_handlers" else value
     accelerator = Accelerator(
         **kwargs,
-        gradient_accumulation_steps=cfg.trainer.grad_accum,
-        cpu=cfg.trainer.cpu or distributed.cpu_world(cfg),
+        gradient_accumulation_steps=tr.grad_accum,
+        cpu=tr.cpu or distributed.cpu_world(cfg),
         log_with=log_with(cfg.logging.name.value),
         project_dir=str(run_dir),
         # We step the scheduler ourselves, once per applied update (not on skipped fp16 steps).
@@ -121,7 +116,7 @@ def run(cfg: DictConfig, run_dir: Path, started: float | None = None, validated:
                     if ck.export_best else None)
             export_model(training, tokenizer, summary, best)
         if training.accelerator.is_main_process:
-            write_summary(run_dir, summary)
+            (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
             print(format_summary(summary), flush=True)
         return summary
     finally:
@@ -149,10 +144,8 @@ def build(cfg: DictConfig, run_dir: Path, held: contextlib.ExitStack | None = No
         held.enter_context(hold_run_dir(accelerator, run_dir))
     # Before anything is written, on every rank (they see the same folder): resume target and run dir.
     resume = checkpointing.resolve_resume(run_dir, cfg.checkpoint.resume)
-    changed = []
-    if resume is not None:
-        changed = checkpointing.check_config(resume, to_plain(cfg), cfg.checkpoint.allow_config_change,
-                                             accelerator.num_processes)
+    changed = [] if resume is None else checkpointing.check_config(
+        resume, to_plain(cfg), cfg.checkpoint.allow_config_change, accelerator.num_processes)
     check_run_dir(run_dir, cfg, resume)
     ran_precision = precision.setup(accelerator, cfg.precision)
     accelerator.wait_for_everyone()  # every rank has checked the run dir before the main process writes
@@ -257,10 +250,7 @@ def run_identity(accelerator: Accelerator, resume: Path | None) -> str:
     (also in a reused folder) draws one, the same on every rank."""
     if resume is not None and (found := checkpointing.manifest(resume).get("run_id")):
         return found
-    drawn = [uuid.uuid4().hex[:12]]
-    if accelerator.num_processes > 1:
-        broadcast_object_list(drawn)
-    return drawn[0]
+    return broadcast_object_list([uuid.uuid4().hex[:12]])[0]  # a no-op on one process
 
 
 LOCK = "run.lock"  # <run dir>/run.lock: held (flock) by the run training there
@@ -327,15 +317,11 @@ def _read_lock(fd: int) -> dict | None:
 def hold_run_dir(accelerator: Accelerator, run_dir: Path):
     """The main process locks <run dir>/run.lock, every rank learns the verdict: a second run there is refused,
     naming the first. Removed at the end; a run killed with -9 leaves a file the kernel has already unlocked."""
-    path, fd, holder = Path(run_dir) / LOCK, None, None
+    path, fd, holder = run_dir / LOCK, None, None
     if accelerator.is_main_process:
-        Path(run_dir).mkdir(parents=True, exist_ok=True)
+        run_dir.mkdir(parents=True, exist_ok=True)
         fd, holder = _lock(path)
-    verdict = [holder]
-    if accelerator.num_processes > 1:
-        broadcast_object_list(verdict)
-    if verdict[0] is not None:
-        h = verdict[0]
+    if (h := broadcast_object_list([holder])[0]) is not None:
         raise ConfigError([
             f"hydra.run.dir={run_dir} is in use by another run (pid {h.get('pid', '?')} on {h.get('host', '?')}, "
             f"since {h.get('since', '?')}; lock {path}): two runs in one folder would mix their checkpoints and "
@@ -385,8 +371,7 @@ def check_run_dir(run_dir: Path, cfg: DictConfig, resume: Path | None) -> None:
             "its metrics history moves to metrics.replaced.jsonl); or leave hydra.run.dir unset for a new folder"])
 
 
-def summarize(training: Training, ran_precision: str, started: float,
-              setup_seconds: float | None = None) -> dict[str, Any]:
+def summarize(training: Training, ran_precision: str, started: float, setup_seconds: float) -> dict[str, Any]:
     """The run's summary (summary.json): what ran, the final evaluation, counters, throughput, memory."""
     cfg, run_dir, accelerator, model, state = (training.cfg, training.run_dir, training.accelerator, training.model,
                                                training.state)

@@ -13,14 +13,9 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
 import torch
+from huggingface_hub import try_to_load_from_cache
 from omegaconf import DictConfig, OmegaConf
-from transformers import (
-    AutoConfig,
-    AutoTokenizer,
-    PretrainedConfig,
-    PreTrainedModel,
-    PreTrainedTokenizerBase,
-)
+from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import is_flash_attn_2_available
 
 from ampft.config import AttnImplementation, ConfigError, Precision
@@ -46,21 +41,19 @@ def resolve_path(name_or_path: str) -> str:
     return str(Path(next(iter(spec.submodule_search_locations))) / sub)
 
 
-def hub_reachable(timeout: float = 3.0) -> bool:
+def hub_reachable() -> bool:
     """Whether the Hugging Face Hub (or $HF_ENDPOINT) answers; False at once under HF_HUB_OFFLINE."""
     if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
         return False
     url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
     try:
-        socket.create_connection((url.hostname, url.port or 443), timeout=timeout).close()
+        socket.create_connection((url.hostname, url.port or 443), timeout=3.0).close()
         return True
     except OSError:
         return False
 
 
 def _in_hub_cache(repo_id: str) -> bool:
-    from huggingface_hub import try_to_load_from_cache
-
     try:
         return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
     except ValueError:  # not a valid Hub id (HFValidationError)

@@ -60,17 +60,14 @@ def tf32_enabled() -> bool:
 
 
 def grad_scaler_kwargs(p: DictConfig) -> dict:
-    """torch.amp.GradScaler arguments from the precision group's loss-scaling keys."""
     return dict(init_scale=float(p.init_scale), growth_factor=float(p.growth_factor),
                 backoff_factor=float(p.backoff_factor), growth_interval=int(p.growth_interval))
 
 
 def accelerator_kwargs(p: DictConfig) -> dict:
     """Keyword arguments for `Accelerator(...)` that carry the precision."""
-    kwargs: dict = {"mixed_precision": mixed_precision(p.name)}
-    if p.name == Precision.fp16:
-        kwargs["kwargs_handlers"] = [GradScalerKwargs(**grad_scaler_kwargs(p))]
-    return kwargs
+    handlers = [GradScalerKwargs(**grad_scaler_kwargs(p))] if p.name == Precision.fp16 else []
+    return {"mixed_precision": mixed_precision(p.name), "kwargs_handlers": handlers}
 
 
 class StaticGradScaler(torch.amp.GradScaler):
@@ -93,7 +90,7 @@ def setup(accelerator: Accelerator, p: DictConfig) -> str:
         if p.static_scale is not None:
             accelerator.native_amp = True
             accelerator.scaler = StaticGradScaler(device, float(p.static_scale))
-        elif device == "cpu" and accelerator.scaler is None:
+        elif device == "cpu":
             # Accelerate would run fp32 here. Turn on what fp16 means: autocast to float16 for the
             # forward pass (Accelerate wraps forward when native_amp is set) and a dynamic loss scaler
             # that prepare() hands to the optimizer, backward() and clip_grad_norm_().
@@ -116,13 +113,13 @@ def deepspeed_mode(p: DictConfig, mode: str = "auto") -> str | None:
 def deepspeed_section(p: DictConfig, mode: str = "auto") -> tuple[dict, list[str]]:
     """The fp16/bf16 part of a DeepSpeed config, from the same keys; plus what DeepSpeed cannot honour."""
     fp16 = p.name == Precision.fp16
-    caveats: list[str] = []
     if deepspeed_mode(p, mode) == "autocast":
         # fp32 weights, gradients and gradient reduction (no lower-precision communication), 16-bit
         # autocast in the forward pass: the same arithmetic as torch autocast with one process or DDP.
         return {"fp16": {"enabled": False}, "bf16": {"enabled": False}, "torch_autocast": {
-            "enabled": True, "dtype": "float16" if fp16 else "bfloat16", "lower_precision_safe_modules": []}}, caveats
+            "enabled": True, "dtype": "float16" if fp16 else "bfloat16", "lower_precision_safe_modules": []}}, []
     section: dict = {"fp16": {"enabled": fp16}, "bf16": {"enabled": p.name == Precision.bf16}}
+    caveats = []
     if fp16:
         power = math.log2(p.init_scale)
         if power != int(power):
@@ -155,11 +152,11 @@ def check_effective(accelerator: Accelerator, p: DictConfig) -> None:
                            "(`mixed_precision` there must not be set; the precision group decides).")
 
 
-def launcher_precision_problem(name: Precision, env: dict[str, str] | None = None) -> str | None:
+def launcher_precision_problem(name: Precision) -> str | None:
     """Accelerate told (ACCELERATE_MIXED_PRECISION, from the launcher's flag or config file) a mixed precision
     other than the group's, which ampft's own `Accelerator` argument would silently win over: refused instead.
     `no` is what `accelerate launch` sets when told nothing, so it never conflicts."""
-    told = (os.environ if env is None else env).get("ACCELERATE_MIXED_PRECISION", "no").strip().lower()
+    told = os.environ.get("ACCELERATE_MIXED_PRECISION", "no").strip().lower()
     want = mixed_precision(name)
     if told in ("", "no", want):
         return None

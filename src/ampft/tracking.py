@@ -70,8 +70,8 @@ def peak_memory_bytes(device: torch.device) -> tuple[int, str]:
 
 class Tracker:
     def __init__(self, accelerator: Accelerator, run_dir: Path, logger: str, project: str,
-                 hparams: dict[str, Any], total_steps: int, progress_bar: bool, history_until: int = 0,
-                 evaluated: bool = True):
+                 hparams: dict[str, Any], total_steps: int, progress_bar: bool, history_until: int,
+                 evaluated: bool):
         """`history_until`, `evaluated`: the step training starts from and whether its checkpoint holds that
         step's evaluation (see `trim_history`)."""
         self.accelerator, self.main, self.run_dir = accelerator, accelerator.is_main_process, run_dir
@@ -85,13 +85,12 @@ class Tracker:
 
     def log(self, event: str, step: int, values: dict[str, Any]) -> None:
         values = {k: v.item() if isinstance(v, torch.Tensor) else v for k, v in values.items()}
-        if self.jsonl is not None:
-            self.jsonl.write(json.dumps({"event": event, "step": step, **values}) + "\n")
-            self.jsonl.flush()
         self.accelerator.log({f"{event}/{k}": v for k, v in values.items() if isinstance(v, int | float)}, step=step)
         if event == "train":
             self.bar.set_postfix(loss=f"{values['loss']:.4f}", lr=f"{values['lr']:.2e}", refresh=False)
         if self.main:
+            self.jsonl.write(json.dumps({"event": event, "step": step, **values}) + "\n")
+            self.jsonl.flush()
             log.info("[%s step %d] %s", event, step, " ".join(f"{k}={_fmt(v)}" for k, v in values.items()))
 
     def advance(self, n: int = 1) -> None:
@@ -101,7 +100,7 @@ class Tracker:
         """Finish the trackers, not the process group (as `accelerator.end_training()` would): the export and
         the summary still need it."""
         self.bar.close()
-        if self.jsonl is not None:
+        if self.main:
             self.jsonl.close()
         for tracker in self.accelerator.trackers:  # none under logging=none
             tracker.finish()
@@ -110,12 +109,12 @@ class Tracker:
 REPLACED = "metrics.replaced.jsonl"
 
 
-def trim_history(path: Path, step: int, evaluated: bool = True) -> int:
+def trim_history(path: Path, step: int, evaluated: bool) -> None:
     """Make metrics.jsonl the history of the run resuming at `step`: entries past it, a torn last line and
     (with `evaluated` false) an evaluation at `step` itself move to metrics.replaced.jsonl, so nothing is
-    lost. Returns the number of entries moved."""
+    lost."""
     if not path.is_file():
-        return 0
+        return
     keep, moved = [], []
     for line in path.read_text().splitlines():
         try:
@@ -127,22 +126,17 @@ def trim_history(path: Path, step: int, evaluated: bool = True) -> int:
             evaluated or entry.get("event") != "eval"))
         (keep if kept else moved).append(line + "\n")
     if not moved:
-        return 0
+        return
     with (path.parent / REPLACED).open("a") as f:  # first: a kill between the two leaves a copy, not a loss
         f.writelines(moved)
         f.flush()
         os.fsync(f.fileno())
     files.write_atomic(path, "".join(keep))
     log.info("%s: %d entries past step %d moved to %s (a replaced timeline)", path, len(moved), step, REPLACED)
-    return len(moved)
 
 
 def _fmt(v: Any) -> str:
     return f"{v:.4g}" if isinstance(v, float) else str(v)  # nan and inf as such
-
-
-def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
 
 
 def format_summary(summary: dict[str, Any]) -> str:
