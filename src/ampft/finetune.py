@@ -37,7 +37,7 @@ from ampft.devices import cpu_name
 from ampft.engine import Training, TrainingDiverged, TrainState, fit, weights_finite
 from ampft.errors import Preempted
 from ampft.models import build_model, load_tokenizer
-from ampft.tracking import Tracker, format_summary, log_with, peak_memory_bytes
+from ampft.tracking import Tracker, format_summary, log_with, peak_memory_bytes, write_summary
 from ampft.validation import validate
 
 log = logging.getLogger(__name__)
@@ -116,7 +116,7 @@ def run(cfg: DictConfig, run_dir: Path, started: float | None = None, validated:
                     if ck.export_best else None)
             export_model(training, tokenizer, summary, best)
         if training.accelerator.is_main_process:
-            (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+            write_summary(run_dir, summary)
             print(format_summary(summary), flush=True)
         return summary
     finally:

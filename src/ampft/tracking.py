@@ -139,6 +139,10 @@ def _fmt(v: Any) -> str:
     return f"{v:.4g}" if isinstance(v, float) else str(v)  # nan and inf as such
 
 
+def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+
+
 def format_summary(summary: dict[str, Any]) -> str:
     ev = ", ".join(f"{k}={_fmt(v)}" for k, v in summary["eval"].items())
     rows = [
