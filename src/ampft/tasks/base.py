@@ -124,6 +124,17 @@ class Family:
     def usage(self, task: DictConfig) -> str:
         """The model card's Python: load the export from "path/to/this/folder" with transformers alone and print
         what `predict` would for one example."""
+        model_class = self.model_class.__name__
+        return f"""import torch
+from transformers import {model_class}, AutoTokenizer
+
+path = "path/to/this/folder"
+tokenizer = AutoTokenizer.from_pretrained(path)
+model = {model_class}.from_pretrained(path).eval()
+{self.usage_example(task)}"""
+
+    def usage_example(self, task: DictConfig) -> str:
+        """`usage` past loading the model: the example's inputs, the model's call, what it prints."""
         raise NotImplementedError
 
     def metric_keys(self, metrics: list[str]) -> list[str]:
@@ -143,15 +154,20 @@ def _encoded(inputs: Dataset, encode: Callable[[dict], dict], desc: str) -> Data
 
 @torch.inference_mode()
 def gather(accelerator: Accelerator, model, dataloader: DataLoader,
-           outputs: Callable[[dict, Any], tuple[torch.Tensor, ...]]) -> list[list[torch.Tensor]]:
+           outputs: Callable[[dict, Any], tuple[torch.Tensor, ...]], pad: float | None = None) -> list[list[torch.Tensor]]:
     """Per output of `outputs(batch, model_output)` (per-example tensors), its per-batch tensors gathered across
-    ranks, on the CPU: widths may differ by batch (NER, QA). The model's train/eval mode is restored afterwards."""
+    ranks, on the CPU. Widths may differ by batch (NER, QA) and by rank: `pad` fills per-token outputs to the
+    widest rank's. The model's train/eval mode is restored afterwards."""
     was_training = model.training
     model.eval()
     try:
         gathered: list[list[torch.Tensor]] = []
         for batch in dataloader:
-            values = accelerator.gather_for_metrics(outputs(batch, model(**batch)))
+            values = outputs(batch, model(**batch))
+            if pad is not None:
+                values = [accelerator.pad_across_processes(v, dim=1, pad_index=pad) if v.dim() > 1 else v
+                          for v in values]
+            values = accelerator.gather_for_metrics(tuple(values))
             gathered = gathered or [[] for _ in values]
             for parts, value in zip(gathered, values, strict=True):
                 parts.append(value.cpu())
@@ -161,7 +177,7 @@ def gather(accelerator: Accelerator, model, dataloader: DataLoader,
 
 
 def rows(parts: list[torch.Tensor]) -> list:
-    """The per-example rows of `gather`'s per-batch tensors, as numpy arrays (widths may differ by batch)."""
+    """The per-example rows of `gather`'s per-batch tensors, as numpy arrays."""
     return [row for batch in parts for row in batch.numpy()]
 
 
@@ -177,7 +193,6 @@ FAMILIES: dict[str, Family] = {}
 
 
 def register(family: Family) -> Family:
-    """Make `family` the one selected by `task.family=<family.name>`."""
     if family.name in FAMILIES:
         raise ValueError(f"task family {family.name!r} is registered twice ({type(FAMILIES[family.name]).__name__}, "
                          f"{type(family).__name__})")
@@ -186,7 +201,6 @@ def register(family: Family) -> Family:
 
 
 def family_for(name: str) -> Family:
-    """The registered family named `name` (task.family)."""
     try:
         return FAMILIES[str(name)]
     except KeyError:

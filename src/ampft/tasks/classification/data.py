@@ -19,10 +19,16 @@ log = logging.getLogger(__name__)
 
 
 def load_raw(task: DictConfig) -> DatasetDict:
-    """Sequence classification/regression splits, with the configured columns checked."""
     names = None if task.column_names is None else [str(c) for c in task.column_names]
     raw = load_splits(task, lambda path, split: load_file(path, split, names))
-    _check_columns(raw, task)
+    for split, ds in raw.items():
+        if len(ds) == 0:
+            raise DataError(f"task={task.name}: the {split} split is empty")
+        unlabelled = (" (a file without labels is for predictions: make predict run=RUN_DIR file=PATH)"
+                      if task.label_column not in ds.column_names else "")
+        check_columns(ds, [*task.text_fields, task.label_column],
+                      where(task, split) if split in split_files(task) else f"task={task.name}", split,
+                      f"Set task.text_fields=[...] and task.label_column=... to match{unlabelled}.")
     check_labels(raw, task)
     for split, ds in raw.items():
         empty = [i for i, row in enumerate(zip(*(ds[f] for f in task.text_fields), strict=True))
@@ -32,22 +38,10 @@ def load_raw(task: DictConfig) -> DatasetDict:
     return raw
 
 
-def _check_columns(raw: DatasetDict, task: DictConfig) -> None:
-    for split, ds in raw.items():
-        if len(ds) == 0:
-            raise DataError(f"task={task.name}: the {split} split is empty")
-        unlabelled = (" (a file without labels is for predictions: make predict run=RUN_DIR file=PATH)"
-                      if task.label_column not in ds.column_names else "")
-        check_columns(ds, [*task.text_fields, task.label_column],
-                      where(task, split) if split in split_files(task) else f"task={task.name}", split,
-                      f"Set task.text_fields=[...] and task.label_column=... to match{unlabelled}.")
-
-
 def _rows(task: DictConfig, split: str, indices: list[int]) -> str:
     """Rows by number from 1; the file line too for csv/tsv (one header line, no blank or multi-line rows)."""
     shown = ", ".join(str(i + 1) for i in indices[:8]) + (", ..." if len(indices) > 8 else "")
-    path = split_files(task).get(split)
-    lines = path is not None and Path(path).suffix.lower() in (".csv", ".tsv")
+    lines = Path(split_files(task).get(split, "")).suffix.lower() in (".csv", ".tsv")
     return f"row(s) {shown}" + (" (file line = row + 1, after the header)" if lines else "")
 
 
@@ -101,7 +95,7 @@ def _is_number(v) -> bool:
 
 
 def label_names(raw: DatasetDict, task: DictConfig) -> list[str] | None:
-    """Label names in id order (None for regression): config, ClassLabel names, or sorted values."""
+    """Label names in id order (None for regression): task.labels, ClassLabel names, or the sorted values."""
     if task.family == "regression":
         return None
     if task.labels is not None:
@@ -126,8 +120,7 @@ def positive_label(task: DictConfig, labels: list[str] | None) -> str | None:
                             f"set it to the class binary F1 should score, e.g. task.positive_label={labels[1]}")
         return str(task.positive_label)
     for name in POSITIVE_NAMES:
-        found = [x for x in labels if x.lower() == name]
-        if found:
+        if found := [x for x in labels if x.lower() == name]:
             return found[0]
     if "f1" in task.metrics:
         raise DataError(f"task={task.name}: task.metrics has f1, and with the labels {labels} it is not clear which "
@@ -150,13 +143,8 @@ def encode_labels(raw: DatasetDict, task: DictConfig, labels: list[str] | None) 
         if isinstance(feature, ClassLabel):
             values = {feature.int2str(v) for v in values if v >= 0} | {v for v in values if v < 0}
         ids = all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < len(labels) for v in values)
-        if {str(v) for v in values} <= set(label2id):
-            def to_id(v, feature=feature):
-                return label2id[feature.int2str(v) if isinstance(feature, ClassLabel) else str(v)]
-        elif ids and task.labels is not None:  # ids into the label list the user gave
-            def to_id(v):
-                return v
-        elif ids:
+        by_name = {str(v) for v in values} <= set(label2id)
+        if not by_name and ids and task.labels is None:
             shown = ", ".join(f"{i} = {name}" for i, name in enumerate(labels))
             raise DataError(
                 f"{where(task, split)}: labels {sorted(values)[:10]} in column {col!r} are not the train split's "
@@ -164,7 +152,7 @@ def encode_labels(raw: DatasetDict, task: DictConfig, labels: list[str] | None) 
                 f"names in id order, e.g. task.labels=[{','.join(labels)}] (then {shown}); or write the same label "
                 "names in every split."
             )
-        else:
+        if not by_name and not ids:
             in_range = all(isinstance(v, int) for v in values)
             unknown = sorted(str(v) for v in values
                              if (not 0 <= v < len(labels) if in_range else str(v) not in label2id))
@@ -172,5 +160,8 @@ def encode_labels(raw: DatasetDict, task: DictConfig, labels: list[str] | None) 
                 f"task={task.name}: the {split} split has labels {unknown[:10]} outside the label set "
                 f"{labels}. Fix the data, or set task.labels=[...] to the full label list in id order."
             )
-        out[split] = ds.map(lambda b, f=to_id: {"labels": [f(v) for v in b[col]]}, batched=True)
+        # By name, or else ids into the label list the user gave.
+        name = feature.int2str if isinstance(feature, ClassLabel) else str
+        out[split] = ds.map(lambda b, name=name, by_name=by_name: {
+            "labels": [label2id[name(v)] if by_name else v for v in b[col]]}, batched=True)
     return DatasetDict(out)

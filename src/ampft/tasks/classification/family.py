@@ -120,15 +120,9 @@ class Classification(Family):
         return [{"label": labels[int(p.argmax())], "probabilities": dict(zip(labels, p.tolist(), strict=True))}
                 for p in logits.softmax(-1)]
 
-    def usage(self, task: DictConfig) -> str:
+    def usage_example(self, task: DictConfig) -> str:
         text = ", ".join(json.dumps(t) for t in EXAMPLE[:len(task.text_fields)])
-        return f"""import torch
-from transformers import AutoModelForSequenceClassification, AutoTokenizer
-
-path = "path/to/this/folder"
-tokenizer = AutoTokenizer.from_pretrained(path)
-model = AutoModelForSequenceClassification.from_pretrained(path).eval()
-inputs = tokenizer({text}, truncation=True, max_length={task.max_length}, return_tensors="pt")
+        return f"""inputs = tokenizer({text}, truncation=True, max_length={task.max_length}, return_tensors="pt")
 with torch.inference_mode():
     logits = model(**inputs).logits[0]
 {self._usage_result()}"""

@@ -63,10 +63,8 @@ def check_answers(ds: Dataset, task: DictConfig, split: str) -> None:
                        "unanswerable questions")
 
 
-def _span_logits(accelerator: Accelerator, out) -> tuple[torch.Tensor, torch.Tensor]:
-    """Start and end logits, padded across ranks with NEG (each rank's batch may be padded to another width)."""
-    return tuple(accelerator.pad_across_processes(x.float(), dim=1, pad_index=NEG)
-                 for x in (out.start_logits, out.end_logits))
+def _span_logits(out) -> tuple[torch.Tensor, torch.Tensor]:
+    return out.start_logits.float(), out.end_logits.float()
 
 
 def window_losses(start_logits: torch.Tensor, end_logits: torch.Tensor, batch: dict) -> torch.Tensor:
@@ -136,11 +134,11 @@ class QuestionAnswering(Family):
 
     def predict(self, accelerator: Accelerator, model, dataloader: DataLoader, features: Dataset,
                 inputs: Dataset, task: DictConfig, labels: list[str] | None) -> list[dict[str, Any]]:
-        parts = gather(accelerator, model, dataloader, lambda _, out: _span_logits(accelerator, out))
+        parts = gather(accelerator, model, dataloader, lambda _, out: _span_logits(out), pad=NEG)
         answers = _answers(task, inputs, features, *parts)
         return [{"id": i, "answer": answers[i][0], "score": answers[i][1]} for i in inputs["id"]]
 
-    def usage(self, task: DictConfig) -> str:
+    def usage_example(self, task: DictConfig) -> str:
         question, context = (json.dumps(t) for t in EXAMPLE)
         cls = ("\ncls = inputs.input_ids[0].tolist().index(tokenizer.cls_token_id)  # where \"no answer\" points"
                "\nallowed[cls] = True") if task.version_2 else ""
@@ -148,13 +146,7 @@ class QuestionAnswering(Family):
 null = start_logp[cls] + end_logp[cls]
 if null - logp > {task.null_threshold}:  # SQuAD 2.0: no answer wins by more than task.null_threshold
     answer, probability = "", null.exp().item()""") if task.version_2 else ""
-        return f"""import torch
-from transformers import AutoModelForQuestionAnswering, AutoTokenizer
-
-path = "path/to/this/folder"
-tokenizer = AutoTokenizer.from_pretrained(path)
-model = AutoModelForQuestionAnswering.from_pretrained(path).eval()
-question, context = {question}, {context}
+        return f"""question, context = {question}, {context}
 # One window of {task.max_length} tokens (`make predict` slides windows over longer contexts).
 inputs = tokenizer(question, context, truncation="only_second", max_length={task.max_length},
                    return_offsets_mapping=True, return_tensors="pt")
@@ -194,9 +186,9 @@ print({{"answer": answer, "score": probability}})
                  examples: Dataset, task: DictConfig, labels: list[str] | None,
                  out_dir: Path | None = None, name: str = "validation") -> dict[str, float]:
         def outputs(batch, out):
-            return *_span_logits(accelerator, out), window_losses(out.start_logits, out.end_logits, batch)
+            return *_span_logits(out), window_losses(out.start_logits, out.end_logits, batch)
 
-        start_parts, end_parts, losses = gather(accelerator, model, dataloader, outputs)
+        start_parts, end_parts, losses = gather(accelerator, model, dataloader, outputs, pad=NEG)
         answers = {k: text for k, (text, _) in _answers(task, examples, features, start_parts, end_parts).items()}
         gold = dict(zip(examples["id"], examples["answers"], strict=True))
         results = squad_metric.scores(answers, gold, version_2=task.version_2)

@@ -97,9 +97,9 @@ class TokenClassification(Family):
             token_loss = torch.nn.functional.cross_entropy(out.logits.float().transpose(1, 2), batch["labels"],
                                                            ignore_index=conll.IGNORE_INDEX, reduction="none")
             count = (batch["labels"] != conll.IGNORE_INDEX).sum(dim=1)
-            return _tag_ids(accelerator, out), token_loss.sum(dim=1), count
+            return out.logits.argmax(dim=-1), token_loss.sum(dim=1), count
 
-        preds, loss_sums, counts = gather(accelerator, model, dataloader, outputs)
+        preds, loss_sums, counts = gather(accelerator, model, dataloader, outputs, pad=conll.IGNORE_INDEX)
         gold = list(examples["tags"])
         tags = _word_tags(preds, features, labels, gold)
         scores = seqeval.scores(tags, gold, TagScheme(task.tag_scheme).value, SeqevalMode(task.seqeval_mode).value)
@@ -115,18 +115,14 @@ class TokenClassification(Family):
 
     def predict(self, accelerator: Accelerator, model, dataloader: DataLoader, features: Dataset,
                 inputs: Dataset, task: DictConfig, labels: list[str] | None) -> list[dict[str, Any]]:
-        (parts,) = gather(accelerator, model, dataloader, lambda _, out: (_tag_ids(accelerator, out),))
+        # Label ids, not logits, cross the ranks.
+        (parts,) = gather(accelerator, model, dataloader, lambda _, out: (out.logits.argmax(dim=-1),),
+                          pad=conll.IGNORE_INDEX)
         words = list(inputs["tokens"])
         return [{"tokens": w, "tags": t} for w, t in zip(words, _word_tags(parts, features, labels, words), strict=True)]
 
-    def usage(self, task: DictConfig) -> str:
-        return f"""import torch
-from transformers import AutoModelForTokenClassification, AutoTokenizer
-
-path = "path/to/this/folder"
-tokenizer = AutoTokenizer.from_pretrained(path)
-model = AutoModelForTokenClassification.from_pretrained(path).eval()
-words = {json.dumps(EXAMPLE)}
+    def usage_example(self, task: DictConfig) -> str:
+        return f"""words = {json.dumps(EXAMPLE)}
 inputs = tokenizer(words, is_split_into_words=True, truncation=True, max_length={task.max_length}, return_tensors="pt")
 with torch.inference_mode():
     ids = model(**inputs).logits[0].argmax(-1).tolist()
@@ -137,11 +133,6 @@ for position, word in enumerate(inputs.word_ids()):
         tags[word] = model.config.id2label[ids[position]]
 print({{"tokens": words, "tags": tags}})
 """
-
-
-def _tag_ids(accelerator: Accelerator, out) -> torch.Tensor:
-    """Label ids, not logits, cross the ranks; each rank's batch may be padded to another width."""
-    return accelerator.pad_across_processes(out.logits.argmax(dim=-1), dim=1, pad_index=conll.IGNORE_INDEX)
 
 
 def _word_tags(parts: list[torch.Tensor], features: Dataset, labels: list[str], words: list[list]) -> list[list[str]]:
