@@ -181,17 +181,22 @@ def _check_json(path: str, key: str) -> None:
                             "needs every column (a missing value would silently become null)")
 
 
+def refuse_or_warn(bad: int, among: int, task: DictConfig, key: str, msg: str, fix: str) -> None:
+    """`bad` of `among` rows would train as something else than meant: a warning, or a DataError (`msg`, then
+    `fix`) past task.<key>, a fraction."""
+    if bad > task[key] * among:
+        raise DataError(f"{msg}. That is more than task.{key}={task[key]} of them: {fix}")
+    log.warning("%s (within task.%s=%s)", msg, key, task[key])
+
+
 def check_empty_texts(empty: list, rows: int, task: DictConfig, where: str, what: str) -> None:
     """Rows with an empty text train as the empty string: a warning, or a DataError past task.max_empty_texts."""
-    if not empty:
-        return
-    msg = (f"{where}: {len(empty)} of {rows} rows have an empty or missing text in {what}; they would be trained "
-           "and evaluated as the empty string")
-    if len(empty) > task.max_empty_texts * rows:
-        raise DataError(f"{msg}. That is more than task.max_empty_texts={task.max_empty_texts} of them: fill them "
-                        "in or remove those rows (or check task.text_fields), or raise task.max_empty_texts to use "
-                        "them as they are")
-    log.warning("%s (within task.max_empty_texts=%s)", msg, task.max_empty_texts)
+    if empty:
+        refuse_or_warn(len(empty), rows, task, "max_empty_texts",
+                       f"{where}: {len(empty)} of {rows} rows have an empty or missing text in {what}; they would be "
+                       "trained and evaluated as the empty string",
+                       "fill them in or remove those rows (or check task.text_fields), or raise task.max_empty_texts "
+                       "to use them as they are")
 
 
 def _load_hub(task: DictConfig) -> DatasetDict:

@@ -86,10 +86,8 @@ def check_labels(raw: DatasetDict, task: DictConfig) -> None:
 
 
 def _is_number(v) -> bool:
-    if isinstance(v, bool):
-        return False
     try:
-        return math.isfinite(float(v))
+        return not isinstance(v, bool) and math.isfinite(float(v))
     except (TypeError, ValueError):
         return False
 

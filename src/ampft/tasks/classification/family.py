@@ -35,7 +35,6 @@ def example_losses(logits: torch.Tensor, labels: torch.Tensor, regression: bool)
 
 
 def _logits(accelerator: Accelerator, model, dataloader: DataLoader) -> torch.Tensor:
-    """The fp32 logits of every example, in the dataloader's order."""
     (parts,) = gather(accelerator, model, dataloader, lambda batch, out: (out.logits.float(),))
     return torch.cat(parts)
 

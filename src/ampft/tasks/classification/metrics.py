@@ -1,6 +1,5 @@
-"""GLUE metrics, the numbers the Hub's `evaluate` scripts give (`evaluate.load("accuracy")` needs the Hub), as
-plain functions of (references, predictions), scikit-learn's order, with scikit-learn and SciPy (the `metrics` extra, imported when a
-metric is computed)."""
+"""GLUE metrics, the numbers the Hub's `evaluate` scripts give (`evaluate.load("accuracy")` needs the Hub): functions
+of (references, predictions), with scikit-learn and SciPy (the `metrics` extra, imported when a metric is computed)."""
 
 from __future__ import annotations
 
@@ -36,12 +35,10 @@ def mcc(references, predictions) -> float:
 
 
 def pearson(references, predictions) -> float:
-    """Pearson correlation (STS-B)."""
     return float(_lib("pearson").pearsonr(np.asarray(references, float), np.asarray(predictions, float))[0])
 
 
 def spearman(references, predictions) -> float:
-    """Spearman rank correlation (STS-B)."""
     return float(_lib("spearman").spearmanr(np.asarray(references, float), np.asarray(predictions, float))[0])
 
 
@@ -63,8 +60,5 @@ def compute(names: list[str], predictions, references, num_labels: int | None = 
     """All named metrics; `num_labels` decides binary vs macro F1, `positive` is the label id binary F1 scores."""
     if unknown := [name for name in names if name not in METRICS]:
         raise KeyError(f"unknown metric {unknown[0]!r}: choose from {sorted(METRICS)}")
-    out: dict[str, float] = {}
-    for name in names:
-        kwargs = {"num_labels": num_labels, "positive": positive} if name == "f1" and num_labels else {}
-        out[name] = METRICS[name](references, predictions, **kwargs)
-    return out
+    f1_kwargs = {"num_labels": num_labels, "positive": positive} if num_labels else {}
+    return {name: METRICS[name](references, predictions, **(f1_kwargs if name == "f1" else {})) for name in names}

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import functools
 import json
-import logging
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -18,49 +17,14 @@ from omegaconf import DictConfig
 from torch.utils.data import DataLoader
 from transformers import AutoModelForQuestionAnswering, PreTrainedTokenizerBase
 
-from ampft.data.load import PREDICT, check_columns, check_empty_texts, load_splits, read_checked, where
+from ampft.data.load import PREDICT, check_columns, load_splits, read_checked
 from ampft.errors import DataError
 from ampft.tasks.base import Family, column_names_unread, gather, register, rows
 from ampft.tasks.question_answering import squad, squad_metric
 
-log = logging.getLogger(__name__)
-
-COLUMNS = ["id", "question", "context", "answers"]
 NEG = -1e4  # logits of positions past a feature (padding across ranks); never inside its context
 # The model card's example (`usage`): a question and its context.
 EXAMPLE = ("Where did Apollo 11 land?", "Apollo 11 landed on the Moon in July 1969, and its crew returned safely.")
-
-
-def _ids(ids: list[str]) -> str:
-    return f"ids {ids[:5]}{', ...' if len(ids) > 5 else ''}"
-
-
-def check_answers(ds: Dataset, task: DictConfig, split: str) -> None:
-    """Questions that would silently train "no answer" (an answer_start off its text; in SQuAD v1.1, no answer): a
-    DataError past task.max_misaligned_answers (a fraction), a warning below; empty texts: task.max_empty_texts."""
-    source = where(task, split)
-    rows = ds.select_columns(COLUMNS)
-    empty = [r["id"] for r in rows if not r["question"].strip() or not r["context"].strip()]
-    check_empty_texts(empty, len(ds), task, source, f"question or context ({_ids(empty)})")
-
-    def refuse_or_warn(ids: list[str], among: int, what: str, fix: str) -> None:
-        msg = f"{source}: {what}; they would be trained as \"no answer\""
-        if len(ids) > task.max_misaligned_answers * among:
-            raise DataError(f"{msg}. That is more than task.max_misaligned_answers={task.max_misaligned_answers} of "
-                            f"them: {fix}, or raise task.max_misaligned_answers to train with them as they are")
-        log.warning("%s (within task.max_misaligned_answers=%s)", msg, task.max_misaligned_answers)
-
-    if bad := squad.misaligned_answers(ds):
-        answered = sum(1 for a in ds["answers"] if a["text"])
-        refuse_or_warn(bad, answered, f"{len(bad)} of {answered} answered questions have an answer_start that does "
-                                      f"not point at their answer text in the context ({_ids(bad)})",
-                       "fix answer_start (character offsets into the context, counted from 0)")
-    unanswered = [] if task.version_2 else [r["id"] for r in rows if not r["answers"]["text"]]
-    if unanswered:
-        refuse_or_warn(unanswered, len(ds), f"{len(unanswered)} of {len(ds)} questions have no answer (answers: [], "
-                                            f"{_ids(unanswered)}), which SQuAD v1.1 (task.version_2=false) does not have",
-                       "give them their answers, or use task.version_2=true (task=squad_v2) for a file with "
-                       "unanswerable questions")
 
 
 def _span_logits(out) -> tuple[torch.Tensor, torch.Tensor]:
@@ -120,8 +84,8 @@ class QuestionAnswering(Family):
             check_columns(ds, ["id", *renames], f"task={task.name}", split,
                           "Set task.text_fields=[<question>, <context>] and task.label_column=<answers>.")
             renamed = ds.select_columns(["id", *renames]).rename_columns({a: b for a, b in renames.items() if a != b})
-            out[split] = renamed.select_columns(COLUMNS)
-            check_answers(out[split], task, split)
+            out[split] = renamed.select_columns(squad.COLUMNS)
+            squad.check_answers(out[split], task, split)
         return DatasetDict(out), None
 
     def read_inputs(self, task: DictConfig, path: str) -> Dataset:

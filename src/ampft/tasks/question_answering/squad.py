@@ -1,6 +1,7 @@
-"""Extractive QA (SQuAD v1.1/v2.0): JSON → windows overlapping by `doc_stride` (as run_qa.py) → span search over
-an example's windows → answer cut out of the original context (detokenized ids would lose case and spacing).
-Left-padding tokenizers put the context first and are padded to `max_length` here, so positions are final."""
+"""Extractive QA (SQuAD v1.1/v2.0): JSON, its answers checked → windows overlapping by `doc_stride` (as run_qa.py)
+→ span search over an example's windows → answer cut out of the original context (detokenized ids would lose case
+and spacing). Left-padding tokenizers put the context first and are padded to `max_length` here, so positions are
+final."""
 
 from __future__ import annotations
 
@@ -12,8 +13,12 @@ from typing import Any
 
 import datasets
 import numpy as np
+from omegaconf import DictConfig
 from transformers import PreTrainedTokenizerBase
 
+from ampft.data.load import check_empty_texts, refuse_or_warn, where
+
+COLUMNS = ["id", "question", "context", "answers"]
 FEATURES = datasets.Features({
     "id": datasets.Value("string"), "title": datasets.Value("string"), "context": datasets.Value("string"),
     "question": datasets.Value("string"),
@@ -66,6 +71,38 @@ def misaligned_answers(ds: datasets.Dataset) -> list[str]:
         if texts and row["context"][starts[0]:starts[0] + len(texts[0])] != texts[0]:
             bad.append(row["id"])
     return bad
+
+
+def _ids(ids: list[str]) -> str:
+    return f"ids {ids[:5]}{', ...' if len(ids) > 5 else ''}"
+
+
+def check_answers(ds: datasets.Dataset, task: DictConfig, split: str) -> None:
+    """Questions that would silently train "no answer" (an answer_start off its text; in SQuAD v1.1, no answer): a
+    DataError past task.max_misaligned_answers (a fraction), a warning below; empty texts: task.max_empty_texts."""
+    source = where(task, split)
+    rows = ds.select_columns(COLUMNS)
+    empty = [r["id"] for r in rows if not r["question"].strip() or not r["context"].strip()]
+    check_empty_texts(empty, len(ds), task, source, f"question or context ({_ids(empty)})")
+
+    def no_answer(ids: list[str], among: int, what: str, fix: str) -> None:
+        refuse_or_warn(len(ids), among, task, "max_misaligned_answers",
+                       f"{source}: {what}; they would be trained as \"no answer\"",
+                       f"{fix}, or raise task.max_misaligned_answers to train with them as they are")
+
+    if bad := misaligned_answers(ds):
+        answered = sum(1 for a in ds["answers"] if a["text"])
+        no_answer(bad, answered,
+                  f"{len(bad)} of {answered} answered questions have an answer_start that does not point at their "
+                  f"answer text in the context ({_ids(bad)})",
+                  "fix answer_start (character offsets into the context, counted from 0)")
+    unanswered = [] if task.version_2 else [r["id"] for r in rows if not r["answers"]["text"]]
+    if unanswered:
+        no_answer(unanswered, len(ds),
+                  f"{len(unanswered)} of {len(ds)} questions have no answer (answers: [], {_ids(unanswered)}), which "
+                  "SQuAD v1.1 (task.version_2=false) does not have",
+                  "give them their answers, or use task.version_2=true (task=squad_v2) for a file with unanswerable "
+                  "questions")
 
 
 def _cls_index(input_ids: list[int], tokenizer: PreTrainedTokenizerBase) -> int:
@@ -140,10 +177,8 @@ def scored_answers(examples: datasets.Dataset, features: datasets.Dataset, start
     null score (CLS logits, the lowest over the windows) beats it by more than `null_threshold`. The score is
     the transformers QA pipeline's: start times end probability, softmaxes over the window's context (and CLS).
     """
-    wanted = [c for c in ("example_id", "offset_mapping", "cls_index") if c in features.column_names]
-    columns = features.select_columns(wanted).with_format(None)[:]  # one read, not row by row
-    all_offsets = columns["offset_mapping"]
-    cls_index = columns.get("cls_index", [0] * len(all_offsets))
+    columns = features.select_columns(["example_id", "offset_mapping", "cls_index"]).with_format(None)[:]  # one read
+    all_offsets, cls_index = columns["offset_mapping"], columns["cls_index"]
     by_example: dict[str, list[int]] = defaultdict(list)
     for i, example_id in enumerate(columns["example_id"]):
         by_example[example_id].append(i)
