@@ -154,7 +154,8 @@ def _encoded(inputs: Dataset, encode: Callable[[dict], dict], desc: str) -> Data
 
 @torch.inference_mode()
 def gather(accelerator: Accelerator, model, dataloader: DataLoader,
-           outputs: Callable[[dict, Any], tuple[torch.Tensor, ...]], pad: float | None = None) -> list[list[torch.Tensor]]:
+           outputs: Callable[[dict, Any], tuple[torch.Tensor, ...]],
+           pad: float | None = None) -> list[list[torch.Tensor]]:
     """Per output of `outputs(batch, model_output)` (per-example tensors), its per-batch tensors gathered across
     ranks, on the CPU. Widths may differ by batch (NER, QA) and by rank: `pad` fills per-token outputs to the
     widest rank's. The model's train/eval mode is restored afterwards."""
@@ -177,7 +178,7 @@ def gather(accelerator: Accelerator, model, dataloader: DataLoader,
 
 
 def rows(parts: list[torch.Tensor]) -> list:
-    """The per-example rows of `gather`'s per-batch tensors, as numpy arrays."""
+    """The per-example rows of `gather`'s per-batch tensors, as numpy arrays (widths may differ by batch)."""
     return [row for batch in parts for row in batch.numpy()]
 
 
