@@ -90,7 +90,7 @@ def setup(accelerator: Accelerator, p: DictConfig) -> str:
         if p.static_scale is not None:
             accelerator.native_amp = True
             accelerator.scaler = StaticGradScaler(device, float(p.static_scale))
-        elif device == "cpu":
+        elif device == "cpu" and accelerator.scaler is None:
             # Accelerate would run fp32 here. Turn on what fp16 means: autocast to float16 for the
             # forward pass (Accelerate wraps forward when native_amp is set) and a dynamic loss scaler
             # that prepare() hands to the optimizer, backward() and clip_grad_norm_().
