@@ -109,11 +109,13 @@ def sweep_batch_sizes(try_size, batch_sizes: list[int], until_oom: bool, max_bat
     """Each listed batch size in order, then (until_oom) the last one doubled up to max_batch_size, until one does
     not fit. try_size(bs) returns a measurement dict, or None when out of memory."""
     sizes, points = list(batch_sizes), []
-    for i, bs in enumerate(sizes):  # the list grows while doubling
-        if (point := try_size(bs)) is None:
+    while sizes:
+        bs = sizes.pop(0)
+        point = try_size(bs)
+        if point is None:
             return points + [dict(batch_size=bs, fits=False)]
         points.append(dict(batch_size=bs, fits=True, **point))
-        if i == len(sizes) - 1 and until_oom and bs * 2 <= max_batch_size:
+        if not sizes and until_oom and bs * 2 <= max_batch_size:
             sizes.append(bs * 2)
     return points
 
