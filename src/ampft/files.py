@@ -1,5 +1,6 @@
-"""The one file hasher (`sha256`), the content digest of a data file (`file_digest`) and the one atomic,
-durable file write (`write_atomic`): checkpoints, data cache keys, metrics and sweep summaries use them."""
+"""The one file hasher (`sha256`), the content digest of a data file (`file_digest`), the one atomic, durable
+file write (`write_atomic`) and the one Markdown table (`markdown_table`): checkpoints, data cache keys, metrics,
+sweep summaries and the benchmark's and estimate's reports use them."""
 
 from __future__ import annotations
 
@@ -56,3 +57,12 @@ def fsync_dir(path: str | os.PathLike) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def markdown_table(header: list, rows: list[list], align: str = "") -> list[str]:
+    """A Markdown table's lines; align: a letter per column, l (the default) or r (right-aligned). A `|` in a
+    cell is escaped: it would split the cell in two."""
+    def line(cells: list) -> str:
+        return "| " + " | ".join(str(c).replace("|", r"\|") for c in cells) + " |"
+    rule = "|" + "".join("---:|" if a == "r" else "---|" for a in align.ljust(len(header), "l"))
+    return [line(header), rule, *map(line, rows)]

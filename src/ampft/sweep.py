@@ -116,17 +116,16 @@ class SweepSummary(Callback):
 
     def _table(self) -> str:
         fixed = {o.split("=", 1)[0] for o in self.fixed}
-        lines = ["| job | overrides | status | exit | main metric | wall time | run dir | error |",
-                 "|---|---|---|---|---|---|---|---|"]
+        rows = []
         for r in self.rows:
             run_dir = Path(r["run_dir"])
             shown = run_dir.relative_to(self.sweep_dir) if run_dir.is_relative_to(self.sweep_dir) else run_dir
             value = "" if r["status"] != "completed" else f"{r['metric']}={_fmt(r['value'])}"
             varying = " ".join(o for o in r["overrides"] if o.split("=", 1)[0] not in fixed)
-            cells = (r["job"], varying, r["status"], r["exit_code"], value, f"{r['wall_seconds']:.1f} s", shown,
-                     r["error"] or "")
-            lines.append("| " + " | ".join(str(x).replace("|", "\\|") for x in cells) + " |")
-        return "\n".join(lines)
+            rows.append([r["job"], varying, r["status"], r["exit_code"], value, f"{r['wall_seconds']:.1f} s", shown,
+                         r["error"] or ""])
+        return "\n".join(files.markdown_table(
+            ["job", "overrides", "status", "exit", "main metric", "wall time", "run dir", "error"], rows))
 
     def _write(self) -> None:
         """summary.json and summary.md, each replaced whole; by rank 0 only (`accelerate launch

@@ -15,6 +15,7 @@ from ampft.benchmark.results import NOT_CHECKED, NOT_REPRODUCED, REPRODUCED
 from ampft.benchmark.stats import ratio
 from ampft.devices import cpu_half_support
 from ampft.extras import MissingExtraError
+from ampft.files import markdown_table
 
 log = logging.getLogger(__name__)
 
@@ -83,12 +84,6 @@ def _join(xs, fmt="") -> str:
     return ", ".join(_f(x, fmt) for x in xs)
 
 
-def table(header: list[str], rows: list[list[str]], align: str = "") -> list[str]:
-    """A Markdown table, then a blank line; align: one letter per column, l (the default) or r (right-aligned)."""
-    rule = "|" + "".join("---:|" if a == "r" else "---|" for a in align.ljust(len(header), "l"))
-    return ["| " + " | ".join(header) + " |", rule, *("| " + " | ".join(r) + " |" for r in rows), ""]
-
-
 def fmt_seconds(s: float | None) -> str:
     """'45 s', '3 min 05 s', 'unknown'."""
     if s is None or not math.isfinite(s):
@@ -132,9 +127,9 @@ def _budget(bud: dict, base: str) -> tuple[str, list[str]]:
                 "pilot's projection, a rougher figure: at a quarter of the batch, per-step overheads weigh more): "
                 + ", ".join(f"`{k}` {v:.2f}x" for k, v in ratios.items()) + ".", ""]
     if cuts:
-        out += table(["arm", "mode", "cut", "what remains", "why", "at"], [
+        out += [*markdown_table(["arm", "mode", "cut", "what remains", "why", "at"], [
             [f"`{c['arm']}`", c["mode"], c["action"], c["detail"], c["reason"], fmt_seconds(c["at_seconds"])]
-            for c in cuts])
+            for c in cuts]), ""]
     return line, out
 
 
@@ -154,12 +149,13 @@ def hardware(env: dict) -> list[str]:
     rows = [["date", env["date"]], ["device", device_text(env)], *gpu,
             ["load average at start", "—" if (load := env.get("load_average")) is None else f"{load} (1 min)"],
             *([k, env[k]] for k in ("torch", "transformers", "accelerate", "python")), ["OS", env["os"]]]
-    return ["## Hardware and software", "", *table(["", ""], rows)]
+    return ["## Hardware and software", "", *markdown_table(["", ""], rows), ""]
 
 
 def render(results: dict, plots: list[str] | None = None) -> str:
     b, env, acc = results["benchmark"], results["environment"], results.get("accuracy") or {}
-    speed, speed_raw = (results.get("speed") or {}).get("arms", []), (results.get("speed") or {}).get("raw", [])
+    measured = results.get("speed") or {}
+    speed, speed_raw = measured.get("arms", []), measured.get("raw", [])
     acc_arms = acc.get("arms", [])
     trainers = [a["arm"] for a in acc_arms if a["runner"] == Runner.trainer.value]
     precisions = {a["precision"] for a in [*speed, *acc_arms]}
@@ -188,9 +184,9 @@ def render(results: dict, plots: list[str] | None = None) -> str:
     out += _accuracy(results, {a["arm"]: a for a in acc_arms}, trainers) if acc_arms else []
     if claims := results.get("claims", []):
         order = [NOT_REPRODUCED, NOT_CHECKED, REPRODUCED]
-        out += ["## Claims", "", *table(["claim", "verdict", "measured", "note"], [
+        out += ["## Claims", "", *markdown_table(["claim", "verdict", "measured", "note"], [
             [c["claim"], f"**{c['verdict']}**", c["measured"] or "—", c["note"] or ""]
-            for c in sorted(claims, key=lambda c: order.index(c["verdict"]))])]
+            for c in sorted(claims, key=lambda c: order.index(c["verdict"]))]), ""]
     if plots:
         out += ["## Plots", "", *(x for p in plots for x in (f"![{PLOTS[p][2] if p in PLOTS else p}]({p})", ""))]
     out += ["Raw measurements: `results.csv` (one per row) and `results.json` (with the statistics above)."]
@@ -231,7 +227,7 @@ def _speed(results: dict) -> list[str]:
     b, cuda = results["benchmark"], results["environment"]["device_type"] == "cuda"
     speed, speed_raw = results["speed"]["arms"], results["speed"]["raw"]
     base, first, ms = b["baseline"], speed[0], lambda t: 1000 * t
-    out = ["## Speed and memory", "", *table([
+    out = ["## Speed and memory", "", *markdown_table([
         "arm", "precision", "attention", "batch×seq", "step ms median [IQR]", f"time (% of {base})", "samples/s",
         "tokens/s", "TFLOP/s", "MFU", "peak allocated (reserved)" if cuda else "peak RSS", f"memory (% of {base})",
         "skipped steps", "other processes' CPU"], [
@@ -244,7 +240,7 @@ def _speed(results: dict) -> list[str]:
              "peak unknown" if a["peak_tflops_source"].startswith("peak unknown") else "—"),
          _mib(a["peak_memory_bytes"]) + (f" ({_mib(a['peak_reserved_bytes'])})" if cuda else ""),
          _f(a["memory_vs_baseline"], ".0%"), str(a["skipped_steps"]), _f(a.get("other_cpu_share"), ".0%")]
-        for a in speed for t in [a["step_time"]]], align="llll" + "r" * 10)]
+        for a in speed for t in [a["step_time"]]], align="llll" + "r" * 10), ""]
     out += [f"Time is per sample, so arms with another batch compare fairly. FLOPs per token (training, forward + "
             f"backward) = 6·N + 12·L·s·h = {first['flops_per_token']:,} for `{b['model']}` (N = "
             f"{first['params_nonembedding']:,} non-embedding of {first['params']:,} parameters, s = "
@@ -256,11 +252,11 @@ def _speed(results: dict) -> list[str]:
     if predicted := results["speed"].get("predicted"):  # from ampft.estimate (make estimate): its error, arm by arm
         out += [f"Predicted by `make estimate` for {next(iter(predicted.values()))['device']} (a trace of the "
                 "same step on fake tensors; docs/benchmarks/estimate.md):", "",
-                *table(["arm", "predicted step ms", "measured step ms", "predicted peak", "measured peak"], [
+                *markdown_table(["arm", "predicted step ms", "measured step ms", "predicted peak", "measured peak"], [
                     [f"`{a['arm']}`", _f(p["step_seconds"] and ms(p["step_seconds"])),
                      f"{ms(a['step_time']['median']):.1f}", _mib(p["peak_bytes"]),
                      _mib(a["peak_memory_bytes"]) if cuda else "—"]
-                    for a in speed if (p := predicted.get(a["arm"]))])]
+                    for a in speed if (p := predicted.get(a["arm"]))]), ""]
     if not (sweeps := {r["arm"]: r["sweep"] for r in speed_raw if r["sweep"]}):
         return out
     sizes = sorted({p["batch_size"] for pts in sweeps.values() for p in pts})
@@ -274,7 +270,7 @@ def _speed(results: dict) -> list[str]:
         largest = f"{max(fit)}" + ("" if any(not p["fits"] for p in pts) else " (largest tried)") if fit else "none"
         rows.append([f"`{name}`", *cells, largest])
     return out + ["### Peak memory versus batch size", "",
-                  *table(["arm", *[f"batch {n}" for n in sizes], "largest that fits"], rows),
+                  *markdown_table(["arm", *[f"batch {n}" for n in sizes], "largest that fits"], rows), "",
                   f"Percentages: of `{base}` at the same batch size.", ""]
 
 
@@ -284,7 +280,7 @@ def _accuracy(results: dict, arms: dict[str, dict], trainers: list[str]) -> list
     acc, b = results["accuracy"], results["benchmark"]
     base, seeds, first = b["baseline"], b["accuracy"]["seeds"], next(iter(arms.values()))
     metric, kind = first["main_metric"], next((a["peak_memory_kind"] for a in arms.values() if a["peak_memory_kind"]), None)
-    out = ["## Accuracy", "", *table([
+    out = ["## Accuracy", "", *markdown_table([
         "arm", *(["runner"] if trainers else []), "precision", "runs", f"{metric} mean ± std", f"Δ vs {base} [95% CI]",
         "skipped steps per seed", "samples/s", "tokens/s", "train s (mean)", f"time (% of {base})", "wall s",
         "peak memory", *(f"x {t}" for t in trainers), "other processes' CPU"], [
@@ -293,15 +289,15 @@ def _accuracy(results: dict, arms: dict[str, dict], trainers: list[str]) -> list
          _f(a["tokens_per_second"], ",.0f"), _f(a["train_seconds"] and a["train_seconds"]["mean"]),
          _f(a["time_vs_baseline"], ".0%"), _f(a["wall_seconds"]), _mib(a["peak_memory_bytes"]),
          *(_f(a["speedup"].get(t), ".2f") for t in trainers), _f(a.get("other_cpu_share"), ".0%")]
-        for n, a in arms.items()], align="l" * (6 + bool(trainers)) + "r" * (7 + len(trainers))),
+        for n, a in arms.items()], align="l" * (6 + bool(trainers)) + "r" * (7 + len(trainers))), "",
         "Δ: the mean of the per-seed differences to the baseline, with a t-based 95% confidence interval (paired by "
         "seed). samples/s, tokens/s (non-padding) and wall s are medians over seeds, over the training loop and the "
         f"whole run; time is the training time's; peak memory: {kind or '—'}; other processes' CPU: the most any "
         "run saw." + (" x: samples/s over a Trainer arm's in the same precision." if trainers else ""), ""]
     if len(seeds) > 1:
-        out += ["Per seed:", "", *table(["arm", *(f"seed {s} {w}" for s in seeds for w in ("samples/s", metric))], [
+        out += ["Per seed:", "", *markdown_table(["arm", *(f"seed {s} {w}" for s in seeds for w in ("samples/s", metric))], [
             [f"`{n}`", *(x for v, m in zip(a["samples_per_second_per_seed"], a["metric_per_seed"], strict=True)
-                         for x in (_f(v), _f(m, ".4f")))] for n, a in arms.items()], align="l" + "rr" * len(seeds))]
+                         for x in (_f(v), _f(m, ".4f")))] for n, a in arms.items()], align="l" + "rr" * len(seeds)), ""]
     if counted := {n: a for n, a in arms.items() if a["model_tflops"]}:
         mfus = {n: a["mfu"] for n, a in counted.items() if a["mfu"] is not None}
         one = next(iter(counted.values()))
@@ -341,11 +337,11 @@ def _precision_section(results: dict, arms: dict[str, dict], metric: str) -> lis
         out += [f"### {prec} against fp32", "",
                 f"Each pair differs only in `precision`; both ran in {ran_in}, with the same seeds and data, so "
                 f"the {metric} difference is paired by seed (the mean of the per-seed differences, in points).", "",
-                *table(["side", "fp32 arm", f"{prec} arm", "fp32 samples/s", f"{prec} samples/s", f"{prec} / fp32",
+                *markdown_table(["side", "fp32 arm", f"{prec} arm", "fp32 samples/s", f"{prec} samples/s", f"{prec} / fp32",
                       f"{metric} Δ per seed", f"{metric} Δ"], [
             [g["runner"], g["fp32"], g["arm"], sps(g["fp32"]), sps(g["arm"]), f"{g['ratio']:.2f}x",
              _join(g["metric_difference_per_seed"], "+.2f"), f"{g['metric_difference']:+.2f}"]
-            for g in gains if g["precision"] == prec], align="lllrrrlr")]
+            for g in gains if g["precision"] == prec], align="lllrrrlr"), ""]
         for v in (v for v in acc["by_precision"] if v["precision"] == prec):  # ampft x Trainer: the accuracy table
             out += [f"- ampft's {prec}/fp32 gain {v['ampft_gain']:.2f}x against the Trainer's {v['trainer_gain']:.2f}x "
                     f"({v['ampft']} over {v['ampft_fp32']}, {v['trainer']} over {v['trainer_fp32']}): "
@@ -378,7 +374,7 @@ def _profile_section(arms: dict[str, dict]) -> list[str]:
            "data loading, forward, backward, clipping, optimizer, scheduler and zero_grad. Time is "
            f"{first['clock']} by op, summed into categories by op name (`ampft.benchmark.profile`); "
            "each arm's full table is profile.txt in its directory.", ""]
-    out += table(["", *profiled], rows, align="l" + "r" * len(profiled))
+    out += [*markdown_table(["", *profiled], rows, align="l" + "r" * len(profiled)), ""]
     for name, p in profiled.items():
         key = "gpu_ms" if p["top"] and p["top"][0]["gpu_ms"] is not None else "cpu_ms"
         out.append(f"- {name}: " + ", ".join(f"{o['op']} {o[key]:.1f} ms ({o['calls']:g}x)" for o in p["top"][:6]))

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ampft.files import markdown_table
+
 GIB = 2**30
 LABELS = dict(weights="weights", fp32_master_copies="fp32 master copies", gradients="gradients",
               optimizer_state="optimizer state (AdamW)", weight_casts="16-bit weight casts kept for backward",
@@ -17,11 +19,6 @@ SUMMARY_HEADER = ["precision", "step peak GiB", "device needs GiB", "fits", "lar
 
 def gib(x: float) -> str:
     return f"{x / GIB:.2f}"
-
-
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    return out + ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
 
 
 def _asked(r: dict) -> dict:
@@ -57,7 +54,7 @@ def markdown(r: dict) -> str:
     if r["command"]:
         out += [f"Command: `{r['command']}`", ""]
     out += [f"## One device ({gib(r['usable_bytes'])} GiB usable of {dev['memory_gib']:.1f} GiB)", "",
-            *_table(SUMMARY_HEADER, summary_rows(r)), "",
+            *markdown_table(SUMMARY_HEADER, summary_rows(r)), "",
             "`largest batch`: per device, at this sequence length (below the recipe's batch: it does not fit). "
             "`device needs`: the step's peak plus the allocator's slack, the CUDA context and workspaces (estimate.* "
             "keys).", "",
@@ -75,9 +72,9 @@ def markdown(r: dict) -> str:
         rows.append([f"**{p}: step peak / largest batch**", *(f"**{c}**" for c in cells)] if p == asked["precision"]
                     else [f"{p}: step peak / largest batch", *cells])
     names = [STRATEGY_NAMES[s] + (" (recipe)" if s == r["strategy"] else "") for s in strategies]
-    out += [*_table(["GiB per rank", *names], rows), "", "## Seed claims, judged on these predictions", "",
-            *_table(["claim", "verdict", "predicted", "note"],
-                    [[v["claim"], f"**{v['verdict']}**", v["predicted"], v["note"]] for v in r["verdicts"]]), ""]
+    out += [*markdown_table(["GiB per rank", *names], rows), "", "## Seed claims, judged on these predictions", "",
+            *markdown_table(["claim", "verdict", "predicted", "note"],
+                            [[v["claim"], f"**{v['verdict']}**", v["predicted"], v["note"]] for v in r["verdicts"]]), ""]
     t = asked["trace"]
     checkpointed = (f"- gradient checkpointing (model.gradient_checkpointing=true): {t['checkpointed_layers']} layers "
                     "keep only their inputs and are recomputed in the backward pass; the FLOPs and the time include "
@@ -103,7 +100,7 @@ def console(r: dict) -> str:
     ckpt = ", gradient checkpointing" if r.get("gradient_checkpointing") else ""
     lines = [f"{r['model']} / {r['task']}, batch {r['batch_size']} x {r['seq_len']}, on {r['device']['label']} "
              f"({gib(r['usable_bytes'])} GiB usable){ckpt} -- PREDICTED"]
-    lines += [row.replace("**", "") for row in _table(SUMMARY_HEADER, summary_rows(r))]
+    lines += [row.replace("**", "") for row in markdown_table(SUMMARY_HEADER, summary_rows(r))]
     c = _asked(r)["memory"]["single"]["components"]
     lines.append(f"{r['precision']}, one device: "
                  + ", ".join(f"{LABELS[k]} {gib(v)}" for k, v in c.items() if v >= 1 << 20))
