@@ -142,14 +142,6 @@ def encode_labels(raw: DatasetDict, task: DictConfig, labels: list[str] | None) 
             values = {feature.int2str(v) for v in values if v >= 0} | {v for v in values if v < 0}
         ids = all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < len(labels) for v in values)
         by_name = {str(v) for v in values} <= set(label2id)
-        if not by_name and ids and task.labels is None:
-            shown = ", ".join(f"{i} = {name}" for i, name in enumerate(labels))
-            raise DataError(
-                f"{where(task, split)}: labels {sorted(values)[:10]} in column {col!r} are not the train split's "
-                f"label names {labels}, so it is not known which class each stands for. If they are ids, say the "
-                f"names in id order, e.g. task.labels=[{','.join(labels)}] (then {shown}); or write the same label "
-                "names in every split."
-            )
         if not by_name and not ids:
             in_range = all(isinstance(v, int) for v in values)
             unknown = sorted(str(v) for v in values
@@ -157,6 +149,14 @@ def encode_labels(raw: DatasetDict, task: DictConfig, labels: list[str] | None) 
             raise DataError(
                 f"task={task.name}: the {split} split has labels {unknown[:10]} outside the label set "
                 f"{labels}. Fix the data, or set task.labels=[...] to the full label list in id order."
+            )
+        if not by_name and task.labels is None:  # ids, but into which list of names?
+            shown = ", ".join(f"{i} = {name}" for i, name in enumerate(labels))
+            raise DataError(
+                f"{where(task, split)}: labels {sorted(values)[:10]} in column {col!r} are not the train split's "
+                f"label names {labels}, so it is not known which class each stands for. If they are ids, say the "
+                f"names in id order, e.g. task.labels=[{','.join(labels)}] (then {shown}); or write the same label "
+                "names in every split."
             )
         # By name, or else ids into the label list the user gave.
         name = feature.int2str if isinstance(feature, ClassLabel) else str
