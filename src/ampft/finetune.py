@@ -34,7 +34,7 @@ from ampft.config import ConfigError, OptimImplementation, flat, metric_mode, pr
 from ampft.data import build_dataloaders, eval_dataloader, prepare_data
 from ampft.data.load import extra_split_names
 from ampft.devices import cpu_name
-from ampft.engine import Training, TrainingDiverged, TrainState, fit, weights_finite
+from ampft.engine import Training, TrainState, fit
 from ampft.errors import Preempted
 from ampft.models import build_model, load_tokenizer
 from ampft.tracking import Tracker, format_summary, log_with, peak_memory_bytes, write_summary
@@ -412,8 +412,6 @@ def export_model(training: Training, tokenizer: PreTrainedTokenizerBase, summary
     if best is not None:
         m = checkpointing.manifest(best)["metric"]
         summary["exported"] = f"best: {best.name} ({m['name']}={m['value']:.4g})"
-    if not weights_finite(model, accelerator):
-        raise TrainingDiverged("the final weights are not finite: not exporting them")
     summary["export_dir"] = str(run_dir / "model")
     checkpointing.export(accelerator, model, tokenizer, run_dir / "model", to_plain(training.cfg),
                          model_card(summary, training.cfg, training.family), step=training.state.step, source=best)

@@ -180,6 +180,20 @@ def test_nonfinite_losses_in_a_row_stop_the_run(tiny, tmp_path, monkeypatch):
     assert not (tmp_path / "model").exists() and not (tmp_path / "summary.json").exists()
 
 
+def test_a_run_shorter_than_the_checks_still_never_ends_on_broken_weights(tiny, tmp_path, monkeypatch):
+    """NaN losses for fewer steps than precision.max_consecutive_nonfinite, up to the last step: the run ends with
+    the divergence error (the step, the fixes), before its final evaluation and its export."""
+    _poison_after(monkeypatch, micro_batches=4)
+    cfg = tiny("precision=fp32", "trainer.max_steps=8", "trainer.log_every=100",
+               "precision.max_consecutive_nonfinite=10")
+    with pytest.raises(TrainingDiverged, match=r"diverged at step 8: the weights are not finite at the end of the "
+                                               r"run \(the last loss: nan\)") as err:
+        run(cfg, tmp_path)
+    assert "optim.lr" in str(err.value) and "No checkpoint of this run is known good" in str(err.value)
+    events = [json.loads(x)["event"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert "eval" not in events and not (tmp_path / "model").exists()
+
+
 def test_divergence_keeps_the_last_good_checkpoint(tiny, tmp_path, monkeypatch):
     _poison_after(monkeypatch, micro_batches=4)
     cfg = tiny("precision=fp32", "trainer.max_steps=30", "checkpoint.every=2", "trainer.log_every=2",
