@@ -351,9 +351,11 @@ def _trained(run_dir: Path) -> list[str]:
 
 def check_run_dir(run_dir: Path, cfg: DictConfig, resume: Path | None) -> None:
     """A new run never mixes with a previous one in the same folder, unless asked to; a folder whose run never
-    trained is taken over."""
+    trained is taken over. Resuming another folder's checkpoint here is a new run in this folder."""
     found = [n for n in RUN_ARTIFACTS if (run_dir / n).exists()]
-    if found and not _trained(run_dir) and resume is None:
+    foreign = resume is not None and resume.resolve().parent != (run_dir / "checkpoints").resolve()
+    fresh = resume is None or foreign
+    if found and not _trained(run_dir) and fresh:
         log.info("hydra.run.dir=%s holds only %s of a run that never trained: this run takes it over", run_dir,
                  ", ".join(found))
         found = []
@@ -361,7 +363,13 @@ def check_run_dir(run_dir: Path, cfg: DictConfig, resume: Path | None) -> None:
         log.warning("checkpoint.resume=latest: no checkpoint in %s, so this run STARTS AFRESH from step 0%s",
                     run_dir, "" if found else " (a new run dir: to resume an earlier run, pass hydra.run.dir=<its "
                                                "run dir>)")
-    if found and resume is None and not cfg.checkpoint.reuse_run_dir:
+    if found and fresh and not cfg.checkpoint.reuse_run_dir:
+        if foreign:
+            raise ConfigError([
+                f"hydra.run.dir={run_dir} holds a previous run ({', '.join(found)}), and checkpoint.resume={resume} "
+                "is a checkpoint of another folder: resumed here, this run would rotate out that run's checkpoints "
+                "and replace its files. Leave hydra.run.dir unset (the resume goes on in a new folder), or start "
+                "over in it with checkpoint.reuse_run_dir=true"])
         none = " and checkpoint.resume=latest found no checkpoint of it that verifies (see the warnings above)" \
             if cfg.checkpoint.resume == "latest" else ""
         raise ConfigError([

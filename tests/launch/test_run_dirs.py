@@ -104,6 +104,20 @@ def test_a_folder_holding_a_run_is_refused_unless_resuming_or_reusing(tmp_path):
     assert (tmp_path / "metrics.replaced.jsonl").read_text().count('"train"') == 4
 
 
+
+def test_another_folders_checkpoint_is_not_resumed_into_a_folder_holding_a_run(tmp_path):
+    """Resumed there, it would rotate out the folder's own checkpoints: refused like a new run, nothing touched."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    for folder in (a, b):
+        run(_tiny("trainer.max_steps=2", "checkpoint.every=1", "checkpoint.keep_last=1", "checkpoint.export=false"),
+            folder)
+    before = {p.name: manifest(p)["seq"] for p in checkpoints(b)}
+    with pytest.raises(ConfigError, match="is a checkpoint of another folder") as err:
+        run(_tiny("trainer.max_steps=4", "checkpoint.every=1", "checkpoint.keep_last=1",
+                  f"checkpoint.resume={a / 'checkpoints' / 'step_2'}"), b)
+    assert "Leave hydra.run.dir unset" in str(err.value) and "checkpoint.reuse_run_dir=true" in str(err.value)
+    assert before == {p.name: manifest(p)["seq"] for p in checkpoints(b)}
+
 def test_a_reused_folder_never_exports_or_keeps_the_previous_runs_best(tmp_path):
     """The previous run stays at the initial validation loss (lr 1e-9); the new one in the same folder does
     worse (lr 3e-2). Its export_best must export its own best, and the previous run's best must not survive
