@@ -364,9 +364,10 @@ def resolve_resume(run_dir: Path, resume: str | None) -> Path | None:
         return chosen
     path = Path(resume)
     if problems := _refusal(path) if path.is_dir() else ["no such folder"]:
+        others = [str(p) for p in checkpoints(run_dir) if p.resolve() != path.resolve()]
         raise CheckpointError(
             f"checkpoint.resume={resume} cannot be loaded: {'; '.join(problems)}. "
-            f"Complete checkpoints of this run: {[str(p) for p in checkpoints(run_dir)] or 'none'} "
+            f"Other complete checkpoints of this run (sizes checked): {others or 'none'} "
             "(or checkpoint.resume=latest)."
         )
     return path

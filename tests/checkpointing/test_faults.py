@@ -89,8 +89,10 @@ def test_latest_falls_back_past_any_damaged_file(saved, tmp_path, caplog, kind, 
     assert "skipping" in caplog.text and "step_4" in caplog.text
     if kind != "manifest.json":
         assert kind in caplog.text  # the message names the damaged file
-    with pytest.raises(CheckpointError, match="step_4 cannot be loaded"):
+    with pytest.raises(CheckpointError, match="step_4 cannot be loaded") as err:
         resolve_resume(run_dir, str(run_dir / "checkpoints" / "step_4"))
+    offered = str(err.value).split("Other complete checkpoints of this run")[1]
+    assert "step_2" in offered and "step_4" not in offered  # never the one just refused
 
 
 def test_same_size_corruption_resumes_from_the_previous_checkpoint(saved, tmp_path, caplog):
