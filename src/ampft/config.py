@@ -279,7 +279,7 @@ class SchedulerConfig:
 class TrainerConfig:
     epochs: float = setting(3.0, exact=True,
                             range=(math.isfinite, "a finite number (> 0 unless trainer.max_steps > 0)"))
-    max_steps: int = -1  # > 0 wins over epochs
+    max_steps: int = setting(-1, range=(at_least(-1), ">= 1 (wins over trainer.epochs), or -1 (unset)"))
     # Stop training after this many minutes (then evaluate and export as at the end); the learning-rate
     # schedule stays the one planned for epochs/max_steps. null: no time limit.
     max_minutes: float | None = setting(None, range=(optional(lambda x: x > 0), "> 0 (minutes) or null"))

@@ -102,7 +102,7 @@ def test_all_cross_field_problems_reported_at_once(compose, tmp_path):
     "checkpoint.every=-1", "checkpoint.keep_last=0", "checkpoint.keep_best=-1", "distributed.num_processes=0",
     "distributed.num_machines=0", "distributed.zero_stage=4", "precision.init_scale=0", "precision.growth_factor=1",
     "precision.backoff_factor=1", "precision.growth_interval=0", "precision.max_consecutive_nonfinite=0",
-    "precision.max_loss_ratio=0.5",
+    "precision.max_loss_ratio=0.5", "trainer.max_steps=-5",
 ])
 def test_a_value_outside_its_schema_range_names_the_key_and_the_range(compose, override):
     """Each key's range is declared once, with the key (`setting(range=...)`), whatever the precision or backend."""

@@ -53,6 +53,8 @@ def test_metric_results_are_what_main_metric_may_name(compose):
     (["task=squad", "task.n_best=0", "task.max_answer_length=0"], ["task.n_best=0", "task.max_answer_length=0"]),
     (["task=squad", "task.text_fields=[question]"], ["task.text_fields=['question']", "[question, context]"]),
     (["task=squad", "task.labels=[a,b]"], ["task.labels is set for question answering"]),
+    (["task=sst2", "task.text_fields=[sentence,label]"], ["task.text_fields=['sentence', 'label'] has "
+                                                           "task.label_column=label: the model would read its label"]),
     (["task=conll2003", "task.text_fields=[tokens,pos_tags]"], ["task.family=token_classification needs one column"]),
     (["model=roberta-base", "task=squad", "task.max_length=600", "task.doc_stride=128"],
      ["task.max_length=600: model=roberta-base has 512 positions"]),

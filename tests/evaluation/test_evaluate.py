@@ -11,6 +11,7 @@ import sys
 import pytest
 from omegaconf import OmegaConf
 
+from ampft.config import ConfigError
 from ampft.evaluation.saved import EvaluationError, evaluate_saved
 from ampft.finetune import reset_accelerate, run
 from tests.helpers import ROOT, shared
@@ -102,6 +103,8 @@ def test_bad_sources_are_clear_errors(trained, tmp_path_factory):
         _evaluate()
     with pytest.raises(EvaluationError, match="no exported model"):
         _evaluate(run=str(tmp_path_factory.mktemp("empty")))
+    with pytest.raises(ConfigError, match=r"batch_size=0: must be >= 1"):
+        _evaluate(run=str(run_dir), batch_size=0)
     (run_dir / "checkpoints" / "step_6" / "manifest.json").unlink()
     with pytest.raises(EvaluationError, match="no manifest.json"):
         _evaluate(checkpoint=str(run_dir / "checkpoints" / "step_6"))

@@ -137,6 +137,8 @@ def open_saved(e: DictConfig) -> SavedRun:
     if e.precision is not None:
         cfg.precision.name = str(e.precision)
     if e.batch_size is not None:
+        if e.batch_size < 1:
+            raise ConfigError([f"batch_size={e.batch_size}: must be >= 1, or left out for the run's own"])
         cfg.trainer.eval_batch_size = e.batch_size
     return SavedRun(run_dir, weights, key, cfg_path, cfg, family, model_config)
 

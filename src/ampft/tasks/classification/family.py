@@ -75,6 +75,9 @@ class Classification(Family):
         if not 1 <= len(task.text_fields) <= 2:
             problems.append(f"task.text_fields={list(task.text_fields)}: give one column (single sentence) or two "
                             "(pair)")
+        if task.label_column in task.text_fields:
+            problems.append(f"task.text_fields={list(task.text_fields)} has task.label_column={task.label_column}: "
+                            "the model would read its label; give the text columns only")
         return problems
 
     def load(self, task: DictConfig) -> tuple[DatasetDict, list[str] | None]:
