@@ -134,8 +134,8 @@ def _arch_config(m: DictConfig, tokenizer: PreTrainedTokenizerBase, **task_kwarg
     model_type = arch.pop("model_type")
     arch["vocab_size"] = len(tokenizer)
     arch.setdefault("pad_token_id", tokenizer.pad_token_id)
-    with loading(f"model {m.name}", "model.arch.model_type", model_type):
-        return AutoConfig.for_model(model_type, **arch, **task_kwargs)
+    return AutoConfig.for_model(model_type, **arch, **task_kwargs)
+
 
 
 def attention_implementation(requested: AttnImplementation | str, precision: Precision | str = Precision.fp32,
@@ -178,7 +178,15 @@ def build_model(
         with loading(f"model {m.name}", "model.name_or_path", m.name_or_path):
             model = family.model_class.from_pretrained(path, **task_kwargs, attn_implementation=attn)
     else:
-        model = family.model_class.from_config(_arch_config(m, tokenizer, **task_kwargs), attn_implementation=attn)
+        try:
+            model = family.model_class.from_config(_arch_config(m, tokenizer, **task_kwargs),
+                                                   attn_implementation=attn)
+        except (ValueError, KeyError, TypeError, ZeroDivisionError) as exc:
+            # transformers refuses model.arch: an unknown model_type (its message lists them all), sizes that clash
+            first = (str(exc).strip().splitlines() or [""])[0]
+            first = first if len(first) <= 200 else first[:200] + " ..."
+            raise ConfigError([f"model.arch of model={m.name} (model_type={m.arch.get('model_type')}): "
+                               f"transformers refuses it: {type(exc).__name__}: {first}"]) from exc
     if m.gradient_checkpointing:
         enable_gradient_checkpointing(model, m.name)
     n = sum(p.numel() for p in model.parameters())

@@ -265,6 +265,18 @@ def test_mixed_integer_and_word_labels_are_warned_about_with_counts(tmp_path, ca
     assert caplog.text == ""
 
 
+def test_a_json_column_mixing_value_types_is_an_error_naming_the_column_and_rows(tmp_path):
+    """datasets reads such a column untyped (its `Json` feature), which the label encoding cannot take."""
+    rows = [{"sentence": "fine", "label": "pos"}, {"sentence": "broken", "label": "neg"},
+            {"sentence": "works", "label": 1}, {"sentence": ["two", "texts"], "label": "pos"}]
+    train = tmp_path / "train.jsonl"
+    train.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(DataError) as err:
+        load_raw(_csv_task(train, train))
+    assert (f"task.train_file={train}: column(s) ['sentence', 'label'] of the train split mix value types across "
+            "rows ('sentence': str in row 1, list in row 4)") in str(err.value)
+
+
 def test_a_rare_class_is_warned_about(tmp_path, caplog):
     rows = ["sentence\tlabel"] + [f"s{i}\t{'pos' if i % 2 else 'neg'}" for i in range(200)] + ["typo\tposs"]
     train = _tsv(tmp_path / "train.tsv", rows)

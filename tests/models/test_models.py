@@ -179,3 +179,18 @@ def test_the_recipe_exits_2_with_one_line_for_a_bad_model_path(tmp_path):
     assert "Traceback" not in proc.stderr
     (line,) = [x for x in proc.stderr.splitlines() if x.startswith("error:")]
     assert f"model.name_or_path={tmp_path / 'typo'}" in line and "no such folder" in line
+
+
+@pytest.mark.parametrize(("override", "why"), [
+    ("model.arch.hidden_size=63", "ValueError: The hidden size (63) is not a multiple of the number of attention"),
+    ("model.arch.num_attention_heads=0", "ZeroDivisionError"),
+    ("model.arch.model_type=bort", "ValueError: Unrecognized model identifier: bort"),
+])
+def test_an_architecture_transformers_refuses_is_a_config_error_naming_model_arch(compose, override, why):
+    from ampft.config import ConfigError
+
+    cfg = compose(["model=tiny-bert", override])
+    with pytest.raises(ConfigError) as err:
+        build_model(cfg.model, load_tokenizer(cfg.model), ["neg", "pos"], CLASSIFICATION)
+    (problem,) = err.value.problems
+    assert problem.startswith("model.arch of model=tiny-bert") and why in problem and len(problem) < 400

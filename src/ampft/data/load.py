@@ -61,10 +61,18 @@ def where(task: DictConfig, split: str) -> str:
 
 
 def check_columns(ds: Dataset, wanted: list[str], where: str, split: str, fix: str) -> None:
-    """A DataError naming the `wanted` columns a split lacks, the columns it has, and `fix`."""
+    """A DataError naming the `wanted` columns a split lacks, the columns it has, and `fix`; or the `wanted`
+    columns whose rows mix value types (datasets reads such a JSON column as its `Json` feature, untyped)."""
     if missing := [c for c in wanted if c not in ds.column_names]:
         raise DataError(f"{where}: column(s) {missing} not in the {split} split, whose columns are {ds.column_names}. "
                         + fix)
+    if mixed := [c for c in wanted if type(ds.features[c]).__name__ == "Json"]:
+        first: dict[str, int] = {}  # each type's first row
+        for i, value in enumerate(ds[mixed[0]], 1):
+            first.setdefault(type(value).__name__, i)
+        raise DataError(f"{where}: column(s) {mixed} of the {split} split mix value types across rows "
+                        f"({mixed[0]!r}: " + ", ".join(f"{k} in row {i}" for k, i in first.items())
+                        + "); write each column's values one way, e.g. every label as a string, every text as one string")
 
 
 def read_checked(read: Callable[[], Dataset], path: str, split: str, what: str, prefix: str = "") -> Dataset:
