@@ -57,6 +57,8 @@ def _run_dir(cfg: DictConfig, overrides: list[str], create: bool = True) -> str 
     created here (exist_ok=False: taken by no other run); None for several machines outside SLURM."""
     given = [o.split("=", 1)[1] for o in overrides if o.startswith("hydra.run.dir=")]
     if given:
+        if create:
+            _mkdir(given[-1], exist_ok=True)
         return given[-1]
     base = run_dir_base(cfg)
     if cfg.distributed.num_machines > 1:
@@ -68,9 +70,21 @@ def _run_dir(cfg: DictConfig, overrides: list[str], create: bool = True) -> str 
     while (path := f"{base}/{run_stamp()}") not in drawn:  # run_stamp is fixed inside a rank ($LOCAL_RANK)
         drawn.add(path)
         with contextlib.suppress(FileExistsError):  # another run took this name in the same second: draw again
-            Path(path).mkdir(parents=True)
+            _mkdir(path, exist_ok=False)
             return path
     raise ConfigError([f"run dir {path} exists and no other name can be drawn here: pass hydra.run.dir="])
+
+
+def _mkdir(path: str, exist_ok: bool) -> None:
+    """Make a run dir (and its parents), or a ConfigError saying why it cannot be made; FileExistsError passes
+    when not `exist_ok` (the caller draws another name)."""
+    try:
+        Path(path).mkdir(parents=True, exist_ok=exist_ok)
+    except OSError as exc:
+        if isinstance(exc, FileExistsError) and not exist_ok:
+            raise
+        raise ConfigError([f"hydra.run.dir={path}: the run dir cannot be made there ({exc.strerror or exc}); give "
+                           "a folder you can write to"]) from exc
 
 
 def commands(cfg: DictConfig, overrides: list[str], create: bool = True) -> tuple[list[list[str]], dict[str, str]]:

@@ -46,6 +46,15 @@ def test_launcher_creates_a_new_folder_per_run_even_in_the_same_second(tmp_path,
     assert cmds[0][-1].startswith("hydra.run.dir=runs/demo/") and not Path(cmds[0][-1].split("=", 1)[1]).exists()
 
 
+def test_a_run_dir_that_cannot_be_made_is_a_config_error_naming_it(tmp_path):
+    (tmp_path / "a-file").write_text("")
+    for bad, why in ((tmp_path / "a-file" / "run", "Not a directory"), ("/proc/ampft-run", "No such file")):
+        with pytest.raises(ConfigError, match=rf"hydra.run.dir={bad}: the run dir cannot be made there \({why}"):
+            launch._run_dir(_tiny(), [f"hydra.run.dir={bad}"])
+    given = tmp_path / "new" / "run"
+    assert launch._run_dir(_tiny(), [f"hydra.run.dir={given}"]) == str(given) and given.is_dir()
+
+
 def test_default_run_dir_stamp_is_unique_per_process_and_shared_by_one_launchers_ranks(monkeypatch):
     monkeypatch.delenv("LOCAL_RANK", raising=False)
     stamps = {run_stamp() for _ in range(50)}
