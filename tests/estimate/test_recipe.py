@@ -40,6 +40,10 @@ def test_estimate_writes_every_precision_side_by_side(tmp_path):
     md = (tmp_path / "estimate.md").read_text()
     assert "**Predictions**" in md and "FSDP2 (recipe)" in md and "NVIDIA L4" in md
     assert "PREDICTED" in r.stdout and "bf16 (asked)" in r.stdout
+    # The terminal shows the recipe's strategy: FSDP2's per-rank peak, not one device's.
+    fsdp = result["rows"]["bf16"]["memory"]["fsdp2"]
+    assert "per rank, FSDP2 on 4 ranks -- PREDICTED" in r.stdout
+    assert f"| bf16 (asked) | {fsdp['peak'] / 2**30:.2f} |" in r.stdout and fsdp["peak"] < single["peak"]
 
 
 def test_a_precision_the_gpu_lacks_gets_memory_but_no_time(tmp_path):

@@ -96,13 +96,15 @@ def markdown(r: dict) -> str:
 
 
 def console(r: dict) -> str:
-    """The short version for the terminal."""
+    """The short version for the terminal: the recipe's strategy (per rank where it shards)."""
+    s = r["strategy"]
     ckpt = ", gradient checkpointing" if r.get("gradient_checkpointing") else ""
+    where = "one device" if s == "single" else f"per rank, {STRATEGY_NAMES[s]} on {r['ranks']} ranks"
     lines = [f"{r['model']} / {r['task']}, batch {r['batch_size']} x {r['seq_len']}, on {r['device']['label']} "
-             f"({gib(r['usable_bytes'])} GiB usable){ckpt} -- PREDICTED"]
-    lines += [row.replace("**", "") for row in markdown_table(SUMMARY_HEADER, summary_rows(r))]
-    c = _asked(r)["memory"]["single"]["components"]
-    lines.append(f"{r['precision']}, one device: "
+             f"({gib(r['usable_bytes'])} GiB usable){ckpt}, {where} -- PREDICTED"]
+    lines += [row.replace("**", "") for row in markdown_table(SUMMARY_HEADER, summary_rows(r, s))]
+    c = _asked(r)["memory"][s]["components"]
+    lines.append(f"{r['precision']}, {where}: "
                  + ", ".join(f"{LABELS[k]} {gib(v)}" for k, v in c.items() if v >= 1 << 20))
     lines += [f"  [{v['verdict']}] {v['claim']}: {v['predicted']}" for v in r["verdicts"]]
     return "\n".join(lines)
