@@ -190,6 +190,8 @@ def test_plots_are_valid_pngs(tmp_path, device_type):
 
 
 def test_plots_without_data_still_explain_themselves(tmp_path):
+    from matplotlib.figure import Figure
+
     res = build_results()
     res["accuracy"]["runs"] = [r for r in res["accuracy"]["runs"] if r["precision"] != "fp16"]
     for r in res["speed"]["raw"]:
@@ -197,6 +199,11 @@ def test_plots_without_data_still_explain_themselves(tmp_path):
     assert {"loss_scale.png", "memory_vs_batch.png"} <= set(plots.make_plots(res, tmp_path))
     assert (tmp_path / "loss_scale.png").read_bytes()[:8] == PNG_MAGIC
     assert (tmp_path / "memory_vs_batch.png").read_bytes()[:8] == PNG_MAGIC
+    ax = Figure().add_subplot()
+    assert plots.memory_vs_batch(res, ax) == "no memory sweep (benchmark.sweep.batch_sizes is empty)"
+    res["budget"] = {"cuts": [{"arm": "bf16", "mode": "sweep", "action": "skipped", "detail": "no memory sweep"},
+                              {"arm": "fp16", "mode": "accuracy", "action": "skipped", "detail": "no runs"}]}
+    assert plots.memory_vs_batch(res, ax) == "no memory sweep: cut by the time budget (bf16)"
 
 
 def test_sweep_doubles_until_out_of_memory():

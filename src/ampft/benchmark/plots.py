@@ -57,7 +57,9 @@ def memory_vs_batch(results: dict, ax) -> str | None:
             ax.annotate(f"OOM at {oom[0]}", (xs[-1], ys[-1]), xytext=(4, -10), textcoords="offset points",
                         fontsize=8)
     if not sizes:
-        return "no memory sweep (benchmark.sweep.batch_sizes is empty)"
+        cut = [c["arm"] for c in (results.get("budget") or {}).get("cuts", []) if c["mode"] == "sweep"]
+        return (f"no memory sweep: cut by the time budget ({', '.join(cut)})" if cut
+                else "no memory sweep (benchmark.sweep.batch_sizes is empty)")
     ax.set_xscale("log", base=2)
     ax.set_xticks(sorted(sizes), [str(n) for n in sorted(sizes)])
     ax.minorticks_off()
