@@ -401,6 +401,7 @@ def summarize(training: Training, ran_precision: str, started: float, setup_seco
         train_samples_per_second=state.samples / seconds, train_tokens_per_second=state.tokens / seconds,
         train_samples=state.samples, train_tokens=state.tokens, peak_memory_bytes=peak, peak_memory_kind=peak_kind,
         wall_seconds=time.perf_counter() - started, setup_seconds=setup_seconds, train_seconds=state.train_seconds,
+        resumed_from=None if training.resumed_from is None else str(training.resumed_from),  # train_seconds: since step 0
         steps=state.step, skipped_steps=state.skipped, loss_scale_final=state.loss_scale,
         epochs=state.epoch + state.batch_in_epoch / len(training.train_dl),
         attn_implementation=unwrapped.config._attn_implementation, compiled=bool(cfg.trainer.compile),

@@ -154,7 +154,10 @@ def format_summary(summary: dict[str, Any]) -> str:
         ("throughput", f"{summary['train_samples_per_second']:.1f} samples/s, "
                        f"{summary['train_tokens_per_second']:.0f} tokens/s (non-padding)"),
         ("peak memory", f"{summary['peak_memory_bytes'] / 2**20:.0f} MiB ({summary['peak_memory_kind']})"),
-        ("wall time", f"{summary['wall_seconds']:.1f} s (training {summary['train_seconds']:.1f} s)"),
+        ("wall time", f"{summary['wall_seconds']:.1f} s (training {summary['train_seconds']:.1f} s)"
+         if not summary.get("resumed_from") else  # the training time of the whole line, from step 0
+         f"{summary['wall_seconds']:.1f} s since resuming from {Path(summary['resumed_from']).name} (training "
+         f"{summary['train_seconds']:.1f} s from step 0)"),
     ]
     early = summary.get("early_stopping")
     if early and early["stopped"]:

@@ -15,6 +15,7 @@ import torch
 
 from ampft.checkpointing import CheckpointError, checkpoints, manifest, rotate
 from ampft.finetune import run
+from ampft.tracking import format_summary
 from tests.helpers import ROOT, TINY
 
 # Per-step losses, enough steps to interrupt a real process in the middle of its run.
@@ -112,7 +113,9 @@ def test_resume_refuses_breaking_config_changes(tiny, tmp_path):
     # Harmless changes are allowed, and the explicit flag lets a breaking one through.
     summary = run(tiny("trainer.max_steps=6", "trainer.log_every=2", "trainer.eval_every=3",
                        "checkpoint.resume=latest"), tmp_path)
-    assert summary["steps"] == 6
+    assert summary["steps"] == 6 and summary["resumed_from"] == str(tmp_path / "checkpoints" / "step_4")
+    # The training time is the line's, from step 0: the summary says so, next to this process's wall time.
+    assert "s since resuming from step_4 (training" in format_summary(summary)
     summary = run(tiny("trainer.max_steps=8", "trainer.batch_size=8", "checkpoint.resume=latest",
                        "checkpoint.allow_config_change=true"), tmp_path)
     assert summary["steps"] == 8
