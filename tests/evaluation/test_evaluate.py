@@ -105,6 +105,8 @@ def test_bad_sources_are_clear_errors(trained, tmp_path_factory):
         _evaluate(run=str(tmp_path_factory.mktemp("empty")))
     with pytest.raises(ConfigError, match=r"batch_size=0: must be >= 1"):
         _evaluate(run=str(run_dir), batch_size=0)
+    with pytest.raises(EvaluationError, match=rf"is a run dir: run={run_dir} evaluates its export"):
+        _evaluate(checkpoint=str(run_dir))
     (run_dir / "checkpoints" / "step_6" / "manifest.json").unlink()
     with pytest.raises(EvaluationError, match="no manifest.json"):
         _evaluate(checkpoint=str(run_dir / "checkpoints" / "step_6"))

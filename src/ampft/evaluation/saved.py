@@ -34,7 +34,9 @@ def _source(e: DictConfig) -> tuple[Path, Path, str]:
     if e.checkpoint is not None:
         ckpt = Path(e.checkpoint)
         if problems := (checkpointing.verify(ckpt) if ckpt.is_dir() else ["no such folder"]):
-            raise EvaluationError(f"checkpoint={ckpt} cannot be evaluated: {'; '.join(problems)}")
+            hint = (f" ({ckpt} is a run dir: run={ckpt} evaluates its export, checkpoint={ckpt}/checkpoints/step_N "
+                    "one of its checkpoints)" if (ckpt / "checkpoints").is_dir() or (ckpt / "model").is_dir() else "")
+            raise EvaluationError(f"checkpoint={ckpt} cannot be evaluated: {'; '.join(problems)}{hint}")
         return ckpt.parent.parent, ckpt, "checkpoint"
     run = Path(e.run)
     if not (run / "model" / "config.json").is_file():
