@@ -354,29 +354,35 @@ def check_run_dir(run_dir: Path, cfg: DictConfig, resume: Path | None) -> None:
     trained is taken over. Resuming another folder's checkpoint here is a new run in this folder."""
     found = [n for n in RUN_ARTIFACTS if (run_dir / n).exists()]
     foreign = resume is not None and resume.resolve().parent != (run_dir / "checkpoints").resolve()
-    fresh = resume is None or foreign
+    fresh, latest = resume is None or foreign, cfg.checkpoint.resume == "latest"
     if found and not _trained(run_dir) and fresh:
         log.info("hydra.run.dir=%s holds only %s of a run that never trained: this run takes it over", run_dir,
                  ", ".join(found))
-        found = []
-    if cfg.checkpoint.resume == "latest" and resume is None:
-        log.warning("checkpoint.resume=latest: no checkpoint in %s, so this run STARTS AFRESH from step 0%s",
-                    run_dir, "" if found else " (a new run dir: to resume an earlier run, pass hydra.run.dir=<its "
-                                               "run dir>)")
-    if found and fresh and not cfg.checkpoint.reuse_run_dir:
+    elif found and fresh and not cfg.checkpoint.reuse_run_dir:
         if foreign:
             raise ConfigError([
                 f"hydra.run.dir={run_dir} holds a previous run ({', '.join(found)}), and checkpoint.resume={resume} "
                 "is a checkpoint of another folder: resumed here, this run would rotate out that run's checkpoints "
                 "and replace its files. Leave hydra.run.dir unset (the resume goes on in a new folder), or start "
                 "over in it with checkpoint.reuse_run_dir=true"])
-        none = " and checkpoint.resume=latest found no checkpoint of it that verifies (see the warnings above)" \
-            if cfg.checkpoint.resume == "latest" else ""
+        if latest:
+            others = [str(p) for p in checkpointing.checkpoints(run_dir)]
+            raise ConfigError([
+                f"hydra.run.dir={run_dir} holds a previous run ({', '.join(found)}), and checkpoint.resume=latest "
+                "found no checkpoint of it that verifies and continues its line (see the warnings above). "
+                + (f"Complete checkpoints there: {others}; resume one by its path (checkpoint.resume=<it>), "
+                   if others else "")
+                + "or start over in it with checkpoint.reuse_run_dir=true (its checkpoints are rotated out as new "
+                "ones come), or leave hydra.run.dir unset for a new folder"])
         raise ConfigError([
-            f"hydra.run.dir={run_dir} holds a previous run ({', '.join(found)}){none}; a new run there would mix "
+            f"hydra.run.dir={run_dir} holds a previous run ({', '.join(found)}); a new run there would mix "
             "with it. Either resume it (checkpoint.resume=latest, or checkpoint.resume=<a checkpoint>), or start "
             "over in it with checkpoint.reuse_run_dir=true (its checkpoints are rotated out as new ones come, "
             "its metrics history moves to metrics.replaced.jsonl); or leave hydra.run.dir unset for a new folder"])
+    if latest and resume is None:
+        log.warning("checkpoint.resume=latest: no checkpoint in %s, so this run STARTS AFRESH from step 0%s",
+                    run_dir, " (a new run dir: to resume an earlier run, pass hydra.run.dir=<its run dir>)"
+                    if not found else "")
 
 
 def summarize(training: Training, ran_precision: str, started: float, setup_seconds: float) -> dict[str, Any]:

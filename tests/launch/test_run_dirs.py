@@ -160,6 +160,25 @@ def test_resume_latest_in_a_new_folder_warns_that_it_starts_afresh(tmp_path, cap
     assert warning and "hydra.run.dir" in warning[0].getMessage()
 
 
+def test_resume_latest_that_finds_nothing_on_the_line_names_the_checkpoints_that_remain(tmp_path, caplog):
+    """The newest checkpoint damaged and its parent's manifest lost: the line's record breaks there, so `latest`
+    takes none of the older ones (it cannot tell them from another line's); the refusal names them, and says no
+    'starts afresh' first."""
+    run(_tiny("trainer.max_steps=6", "checkpoint.every=2", "checkpoint.keep_last=5", "checkpoint.export=false"),
+        tmp_path)
+    ckpts = tmp_path / "checkpoints"
+    (ckpts / "step_4" / "manifest.json").unlink()
+    optimizer = ckpts / "step_6" / "optimizer.bin"
+    optimizer.write_bytes(optimizer.read_bytes()[:100])
+    with caplog.at_level(logging.WARNING, logger="ampft"), pytest.raises(ConfigError) as err:
+        run(_tiny("trainer.max_steps=8", "checkpoint.every=2", "checkpoint.resume=latest"), tmp_path)
+    assert f"Complete checkpoints there: ['{ckpts / 'step_2'}']; resume one by its path" in str(err.value)
+    assert "STARTS AFRESH" not in caplog.text and "skipping" in caplog.text
+    summary = run(_tiny("trainer.max_steps=4", "checkpoint.resume=" + str(ckpts / "step_2"),
+                        "checkpoint.export=false"), tmp_path)
+    assert summary["steps"] == 4
+
+
 def test_make_finetune_resume_latest_without_a_run_dir_warns_up_front(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     proc = subprocess.run([sys.executable, "-m", "ampft.launch", "--dry-run", "model=tiny-bert",
