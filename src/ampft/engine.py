@@ -37,8 +37,8 @@ log = logging.getLogger(__name__)
 
 def fit(t: Training) -> TrainState:
     """Train until `max_steps` updates are applied, `trainer.max_minutes` pass or early stopping ends it, then
-    evaluate (unless this step was). SIGTERM/SIGUSR1 checkpoint at the next step and raise `Preempted`. `t.state`
-    is what a checkpoint keeps, so a resumed run goes on exactly as the uninterrupted one."""
+    evaluate (unless this step was). SIGTERM, SIGUSR1 or Ctrl-C checkpoint at the next step and raise `Preempted`.
+    `t.state` is what a checkpoint keeps, so a resumed run goes on exactly as the uninterrupted one."""
     acc, st, tr, ck = t.accelerator, t.state, t.cfg.trainer, t.cfg.checkpoint
     problem = early_stopping_problem(tr, t.max_steps, math.ceil(len(t.train_dl) / tr.grad_accum))
     if problem is not None:  # early stopping's evaluations, now that the steps per epoch are known
@@ -201,14 +201,18 @@ def any_rank(acc: Accelerator, flag: bool, step: int, log_every: int) -> bool:
 
 @contextmanager
 def preemption_signals():
-    """Turn SIGTERM and SIGUSR1 into a flag the loop reads at step boundaries (main thread only)."""
+    """Turn SIGTERM, SIGUSR1 and a first Ctrl-C (SIGINT) into a flag the loop reads at step boundaries (main thread
+    only); a second Ctrl-C stops at once (KeyboardInterrupt), without a checkpoint."""
     flag = {"signal": None}
 
     def handler(signum, frame):
+        if signum == signal.SIGINT and flag["signal"] == "SIGINT":
+            raise KeyboardInterrupt
         flag["signal"] = signal.Signals(signum).name
-        log.warning("%s received: will checkpoint at the next step boundary and exit", flag["signal"])
+        log.warning("%s received: will checkpoint at the next step boundary and exit%s", flag["signal"],
+                    " (Ctrl-C again: stop now, without a checkpoint)" if signum == signal.SIGINT else "")
 
-    previous = ({sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGUSR1)}
+    previous = ({sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)}
                 if threading.current_thread() is threading.main_thread() else {})
     try:
         yield flag

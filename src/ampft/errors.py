@@ -66,7 +66,7 @@ class TrainingDiverged(AmpftError, RuntimeError):
 
 
 class Preempted(AmpftError):
-    """SIGTERM/SIGUSR1 arrived; a checkpoint was written at the next step boundary."""
+    """SIGTERM, SIGUSR1 or a Ctrl-C arrived; a checkpoint was written at the next step boundary."""
 
     exit_code = 75  # EX_TEMPFAIL: try again (resume with checkpoint.resume=latest)
     label = "preempted"
@@ -103,6 +103,9 @@ def exit_on_error(main: Callable[..., Any]) -> Callable[..., Any]:
                     c.get("_target_") == SWEEP_RECORDER for c in (hydra.callbacks or {}).values()):
                 raise
             sys.exit(exc.exit_code)
+        except KeyboardInterrupt:  # Ctrl-C before training, or twice during it: no traceback
+            print("interrupted (Ctrl-C)", file=sys.stderr, flush=True)
+            sys.exit(130)
 
     return wrapped
 

@@ -201,6 +201,29 @@ def _sigterm_after_first_train_log(monkeypatch):
     monkeypatch.setattr(Tracker, "log", log)
 
 
+def test_ctrl_c_checkpoints_at_the_next_step_and_a_second_one_stops_at_once(tmp_path, monkeypatch):
+    from ampft.engine import preemption_signals
+
+    real = Tracker.log
+
+    def log(self, event, step, values):
+        real(self, event, step, values)
+        if event == "train" and step == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(Tracker, "log", log)
+    with pytest.raises(Preempted, match=r"stopped by SIGINT at step 2; checkpoint written: .*step_2"):
+        run(_tiny("trainer.max_steps=40", "trainer.log_every=2", "checkpoint.export=false"), tmp_path)
+    assert [p.name for p in checkpoints(tmp_path)] == ["step_2"]
+    before = signal.getsignal(signal.SIGINT)
+    with preemption_signals() as flag:
+        os.kill(os.getpid(), signal.SIGINT)
+        assert flag["signal"] == "SIGINT"  # the first: a checkpoint at the next step boundary
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+    assert signal.getsignal(signal.SIGINT) is before
+
+
 def test_resume_from_an_earlier_step_then_preemption_keeps_the_new_line(saved, tmp_path, monkeypatch):
     """The issue's repro: 10 steps (every=2, keep_last=5), then resume step_4 with every=4 keep_last=2,
     SIGTERM after the first new log line."""

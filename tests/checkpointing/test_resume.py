@@ -82,7 +82,7 @@ def test_sigkill_then_resume_matches_the_uninterrupted_run_exactly(tmp_path, pre
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1, signal.SIGINT])
 def test_preemption_signal_checkpoints_at_the_next_step_and_exits(tmp_path, sig):
     args = [*EXACT, "checkpoint.every=0"]  # no periodic checkpoints: the signal alone must save
     proc = _recipe(tmp_path, *args)

@@ -65,6 +65,15 @@ def test_the_wrapper_reports_the_message_and_exits_with_the_code(name, module, c
     assert errors.exit_on_error(lambda: 5)() == 5  # a normal return passes through
 
 
+def test_ctrl_c_outside_training_ends_with_one_line_and_130(capsys):
+    def interrupted():
+        raise KeyboardInterrupt
+
+    with pytest.raises(SystemExit) as exit_:
+        errors.exit_on_error(interrupted)()
+    assert exit_.value.code == 130 and capsys.readouterr().err == "interrupted (Ctrl-C)\n"
+
+
 def test_the_table_covers_every_error_class():
     defined = {n for n, c in vars(errors).items() if isinstance(c, type) and issubclass(c, errors.AmpftError)}
     assert defined - {"AmpftError"} == {name for name, _, _ in TABLE}
