@@ -100,6 +100,7 @@ def run(cfg: DictConfig, run_dir: Path, started: float | None = None, validated:
     held = contextlib.ExitStack()  # the run dir's lock, released when the run ends however it ends
     try:
         training, tokenizer, ran_precision = build(cfg, run_dir, held, validated)
+        held.callback(training.tracker.bar.close)  # however the run ends: an error line never shares the bar's
         setup_seconds = time.perf_counter() - started  # to the first training step: model, data, cache
         try:
             fit(training)
