@@ -243,6 +243,14 @@ def test_squad_json_missing_a_key_names_where(tmp_path, drop, where):
 # ---------------------------------------------------------------------------------------------------------
 # 3. Labels: empty ones are errors; suspicious sets are warned about with the counts
 
+def test_an_empty_data_file_is_said_to_be_empty(tmp_path):
+    train = _tsv(tmp_path / "train.tsv", GOOD)
+    for name in ("dev.csv", "dev.jsonl"):
+        (tmp_path / name).write_text("")
+        with pytest.raises(DataError, match=rf"task.validation_file={tmp_path / name}: the file is empty \(0 bytes\)"):
+            load_raw(_csv_task(train, tmp_path / name))
+
+
 def test_empty_label_is_an_error_naming_file_and_rows(tmp_path):
     train = _tsv(tmp_path / "train.tsv", [*GOOD, "no label\t", "blank label\t  "])
     with pytest.raises(DataError) as err:

@@ -113,6 +113,8 @@ def check_rows(path: str, split: str, column_names: list[str] | None = None) -> 
     """A DataError naming the line of a csv/tsv row whose field count is off or a JSON-lines line that is not an
     object with the first line's keys: pandas silently shifts the columns of such a row; a json reader names no line."""
     key, fmt = f"{split_key(split)}={path}", file_format(path)
+    if fmt in ("csv", "json") and Path(path).is_file() and not Path(path).stat().st_size:
+        raise DataError(f"{key}: the file is empty (0 bytes)")
     try:
         if fmt == "csv":
             _check_csv(path, key, column_names)
