@@ -128,9 +128,15 @@ def test_a_file_with_other_column_names_takes_the_task_keys_the_error_suggests(t
     run_dir, _ = trained
     other = tmp_path_factory.mktemp("data") / "reviews.csv"
     other.write_text("review,stars\nthe screen is superb.,positive\nthe case felt flimsy.,negative\n")
-    with pytest.raises(DataError, match=r"reviews.csv: column\(s\) \['sentence', 'label'\] not in the train split, whose columns are \['review', "
-                                        r"'stars'\]. Set task.text_fields=\[...\] and task.label_column=... to match"):
+    with pytest.raises(DataError, match=rf"^file={other}: column\(s\) \['sentence', 'label'\] not in the file, whose "
+                                        r"columns are \['review', 'stars'\]. Set task.text_fields=\[...\] and "
+                                        r"task.label_column=... to match"):
         _evaluate(run=str(run_dir), file=str(other))
+    unseen = tmp_path_factory.mktemp("data") / "neutral.csv"
+    unseen.write_text("sentence,label\nthe screen is fine.,neutral\n")
+    with pytest.raises(DataError, match=r"the file has labels \['neutral'\] outside the label set .* The model was "
+                                        r"trained on these labels only: fix the file"):
+        _evaluate(run=str(run_dir), file=str(unseen))
     proc = subprocess.run([sys.executable, "recipes/eval.py", f"run={run_dir}", f"file={other}",
                            "task.text_fields=[review]", "task.label_column=stars"], cwd=ROOT, capture_output=True,
                           text=True)

@@ -21,7 +21,7 @@ from transformers import AutoConfig, PretrainedConfig, PreTrainedTokenizerBase
 from ampft import checkpointing, distributed, precision, tasks
 from ampft.config import ConfigError, FinetuneConfig
 from ampft.data import eval_dataloader, prepare_data
-from ampft.errors import EvaluationError, ModelLoadError
+from ampft.errors import DataError, EvaluationError, ModelLoadError
 from ampft.models import check_loadable, load_tokenizer_from, loading
 
 log = logging.getLogger(__name__)
@@ -166,7 +166,18 @@ def evaluate_saved(e: DictConfig) -> dict[str, Any]:
     except ConfigError as exc:
         raise EvaluationError(exc.problems[0]) from exc
     accelerator, ran, tokenizer, model = saved.load()
-    data = prepare_data(cfg, family, tokenizer, accelerator.main_process_first)
+    try:
+        data = prepare_data(cfg, family, tokenizer, accelerator.main_process_first)
+    except DataError as exc:  # the file was read as the train and the validation split: say it as given
+        if e.file is None:
+            raise
+        said = str(exc)
+        for old, new in ((f"task.train_file={e.file}", f"file={e.file}"),
+                         (f"task.validation_file={e.file}", f"file={e.file}"),
+                         ("Fix the data, or set task.labels=[...] to the full label list in id order.",
+                          "The model was trained on these labels only: fix the file.")):
+            said = said.replace(old, new)
+        raise DataError(re.sub(r"\bthe (train|validation) split\b", "the file", said)) from exc
     eval_dl, *extra_dls = [eval_dataloader(cfg, data, ds, tokenizer, accelerator.device, model)
                            for ds in (data.validation, *data.extra.values())]
     model, eval_dl, *extra_dls = accelerator.prepare(model, eval_dl, *extra_dls)
