@@ -354,7 +354,7 @@ def check_run_dir(run_dir: Path, cfg: DictConfig, resume: Path | None) -> None:
     """A new run never mixes with a previous one in the same folder, unless asked to; a folder whose run never
     trained is taken over. Resuming another folder's checkpoint here is a new run in this folder."""
     found = [n for n in RUN_ARTIFACTS if (run_dir / n).exists()]
-    # (the folder it is in: a checkpoint of this run may be a symbolic link to elsewhere)
+    # By the folder it sits in: a checkpoint of this run may be a symbolic link to elsewhere.
     foreign = resume is not None and resume.absolute().parent.resolve() != (run_dir / "checkpoints").resolve()
     fresh, latest = resume is None or foreign, cfg.checkpoint.resume == "latest"
     if found and not _trained(run_dir) and fresh:
