@@ -98,7 +98,7 @@ def fit(t: Training) -> TrainState:
 
         window.close(st)  # the last, partial logging window
         window.check(st.step, st.last_loss)
-        if not weights_finite(t.model, acc):  # a run shorter than the checks' windows ends here, not at the export
+        if not weights_finite(t.model, acc):  # a run shorter than the checks' windows never ends on broken weights
             window.fail(st.step, f"the weights are not finite at the end of the run (the last loss: {st.last_loss:g})")
         st.loss_scale = window.scale
         if st.eval_step != st.step:

@@ -112,8 +112,13 @@ def loading(what: str, key: str, location: str):
     except AmpftError:  # already says what is wrong
         raise
     except (OSError, ValueError, KeyError, TypeError) as exc:  # HFValidationError is a ValueError
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ModelLoadError(f"{what}: {key}={location} could not be loaded: {type(exc).__name__}: {first}") from exc
+        raise ModelLoadError(f"{what}: {key}={location} could not be loaded: {type(exc).__name__}: "
+                             f"{_first_line(exc)}") from exc
+
+
+def _first_line(exc: BaseException) -> str:
+    """The first line of a library's error message (its type's name where it has none)."""
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
 
 def load_tokenizer(m: DictConfig) -> PreTrainedTokenizerBase:
@@ -135,7 +140,6 @@ def _arch_config(m: DictConfig, tokenizer: PreTrainedTokenizerBase, **task_kwarg
     arch["vocab_size"] = len(tokenizer)
     arch.setdefault("pad_token_id", tokenizer.pad_token_id)
     return AutoConfig.for_model(model_type, **arch, **task_kwargs)
-
 
 
 def attention_implementation(requested: AttnImplementation | str, precision: Precision | str = Precision.fp32,
@@ -183,7 +187,7 @@ def build_model(
                                                    attn_implementation=attn)
         except (ValueError, KeyError, TypeError, ZeroDivisionError) as exc:
             # transformers refuses model.arch: an unknown model_type (its message lists them all), sizes that clash
-            first = (str(exc).strip().splitlines() or [""])[0]
+            first = _first_line(exc)
             first = first if len(first) <= 200 else first[:200] + " ..."
             raise ConfigError([f"model.arch of model={m.name} (model_type={m.arch.get('model_type')}): "
                                f"transformers refuses it: {type(exc).__name__}: {first}"]) from exc

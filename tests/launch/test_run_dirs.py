@@ -113,7 +113,6 @@ def test_a_folder_holding_a_run_is_refused_unless_resuming_or_reusing(tmp_path):
     assert (tmp_path / "metrics.replaced.jsonl").read_text().count('"train"') == 4
 
 
-
 def test_another_folders_checkpoint_is_not_resumed_into_a_folder_holding_a_run(tmp_path):
     """Resumed there, it would rotate out the folder's own checkpoints: refused like a new run, nothing touched."""
     a, b = tmp_path / "a", tmp_path / "b"
