@@ -10,10 +10,12 @@ import dataclasses
 import difflib
 import functools
 import os
+import re
 import sys
 import traceback
 import typing
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 
@@ -196,7 +198,10 @@ def compose_problem(exc: BaseException) -> str | None:
     cause = exc.__cause__
     if isinstance(exc, MissingConfigException) and exc.options is not None:
         group, _, option = exc.missing_cfg_file.partition("/")
-        return f"{group}={option}: no such option in conf/{group}/; choose one of {', '.join(exc.options)}"
+        # Hydra offers the group's own files only; the folders of the search path it names hold nested options too
+        folders = [Path(p) / group for p in re.findall(r"path=file://(.+)$", str(exc), re.MULTILINE)]
+        options = sorted({f.relative_to(d).with_suffix("").as_posix() for d in folders for f in d.rglob("*.yaml")})
+        return f"{group}={option}: no such option in conf/{group}/; choose one of {', '.join(options or exc.options)}"
     if isinstance(exc, OverrideParseException):
         return (f"{exc.override}: not an override Hydra can parse ({exc.message.splitlines()[0]}); quote a "
                 "value with special characters, e.g. 'task.name=\"a b\"'")

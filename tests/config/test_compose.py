@@ -140,8 +140,9 @@ def test_default_run_dir_names_task_model_and_precision():
     ("+trainer.foo=1", "trainer.foo", "the keys of trainer: trainer.epochs, trainer.max_steps"),
     ("+trainer.foo.bar=1", "trainer.foo", "the keys of trainer:"),
     ("++trainer.max_stpes=3", "trainer.max_stpes", "did you mean trainer.max_steps"),
-    ("experiment=sst2-bert-bsae", "experiment=sst2-bert-bsae", "choose one of cola-bert-base"),
-    ("experiment=bert-paper/nope", "experiment=bert-paper/nope", "choose one of cola-bert-base"),
+    ("experiment=sst2-bert-bsae", "experiment=sst2-bert-bsae", "choose one of bert-paper/conll2003"),
+    ("experiment=bert-paper/nope", "experiment=bert-paper/nope", "choose one of bert-paper/conll2003, bert-paper/glue"),
+    ("experiment=nope", "experiment=nope", "bert-paper/squad, cola-bert-base"),
 ])
 def test_a_key_or_option_nothing_reads_is_refused(override, named, suggested):
     from ampft.launch import compose as recipe_compose
