@@ -271,6 +271,22 @@ def test_two_cpu_ranks_equal_one_process_through_sigkill_and_resume(tmp_path, on
 
 
 @pytest.mark.distributed
+def test_zero3_trains_on_after_an_evaluation(tmp_path, one_process):
+    """ZeRO-3 gathers its partitioned weights for each evaluation: training goes on after one (trainer.eval_every,
+    an epoch's end, a checkpoint's keep_best) with the losses of one process, which evaluated only at the end."""
+    run_dir = tmp_path / "run"
+    proc = _popen(run_dir, *EXACT, "distributed=deepspeed-z3", "nproc=2", "trainer.batch_size=4",
+                  "trainer.eval_every=8", "checkpoint.every=0")
+    assert proc.wait() == 0, _log(run_dir)
+    assert [e["step"] for e in _events(run_dir, "eval")] == [8, 16, 24]
+    ref = {e["step"]: e["loss"] for e in _events(one_process, "train")}
+    got = {e["step"]: e["loss"] for e in _events(run_dir, "train")}
+    assert sorted(got) == list(range(1, STEPS + 1))
+    for step, loss in got.items():
+        assert loss == pytest.approx(ref[step], abs=LOSS_TOL), step
+
+
+@pytest.mark.distributed
 @pytest.mark.parametrize("backend", ["ddp", "deepspeed-z3", "fsdp"])
 def test_gradient_checkpointing_on_two_ranks_trains_as_one_process_without_it(tmp_path, one_process, backend):
     """model.gradient_checkpointing=true, the one switch: under DDP, ZeRO-3 (its partitioned weights gathered again

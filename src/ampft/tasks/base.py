@@ -152,7 +152,7 @@ def _encoded(inputs: Dataset, encode: Callable[[dict], dict], desc: str) -> Data
     return inputs.map(fn, batched=True, remove_columns=inputs.column_names, desc=desc)
 
 
-@torch.inference_mode()
+@torch.no_grad()  # not inference_mode: ZeRO-3 would keep inference tensors from it, which training cannot use
 def gather(accelerator: Accelerator, model, dataloader: DataLoader,
            outputs: Callable[[dict, Any], tuple[torch.Tensor, ...]],
            pad: float | None = None) -> list[list[torch.Tensor]]:
