@@ -130,6 +130,9 @@ def accelerate_launch(argv: list[str]) -> None:
 
     started = time.time()
     ours = {AmpftError.exit_code, TrainingDiverged.exit_code, Preempted.exit_code}
+    # torch's launcher passes on TERM/INT/HUP/QUIT only; SIGUSR1 (a preemption, as SIGTERM) would kill it alone and
+    # leave the ranks training on, orphaned
+    os.environ.setdefault("PET_SIGNALS_TO_HANDLE", "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1")
     try:
         launch_command(launch_command_parser().parse_args(argv))
         return

@@ -217,9 +217,11 @@ def test_several_processes_exit_with_the_ranks_code(tmp_path):
 
 
 @pytest.mark.distributed
-def test_several_processes_preempted_by_a_signal_to_the_launcher_exit_75(tmp_path):
-    """SIGTERM to the launcher (what a scheduler sends): torch's launcher passes it to the ranks, they checkpoint
-    and exit 75, and the launcher, stopped by the signal, exits 75 too (accelerate launch: 143)."""
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGUSR1"])
+def test_several_processes_preempted_by_a_signal_to_the_launcher_exit_75(tmp_path, sig):
+    """SIGTERM or SIGUSR1 to the launcher (what a scheduler sends): torch's launcher passes it to the ranks (SIGUSR1
+    only when told to: ampft tells it), they checkpoint and exit 75, and the launcher, stopped by the signal, exits
+    75 too (accelerate launch: 128 + the signal)."""
     import json
     import signal
     import time
@@ -231,7 +233,7 @@ def test_several_processes_preempted_by_a_signal_to_the_launcher_exit_75(tmp_pat
     while not (metrics.is_file() and any(json.loads(x)["event"] == "train" for x in metrics.read_text().splitlines())):
         assert proc.poll() is None, proc.stderr.read()[-3000:]
         time.sleep(0.1)
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(getattr(signal, sig))
     _, stderr = proc.communicate()
     assert proc.returncode == 75, stderr[-3000:]
     assert (tmp_path / "PREEMPTED").is_file() and list((tmp_path / "checkpoints").glob("step_*"))
