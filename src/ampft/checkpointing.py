@@ -434,10 +434,27 @@ def breaking_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[str
     return out
 
 
+def _layout(config: dict[str, Any]) -> str:
+    """Whose checkpoint files a run writes and reads: Accelerate's (one process, DDP), DeepSpeed's (ZeRO-1 and 2
+    alike, each other stage its own) or FSDP2's sharded ones."""
+    d = config.get("distributed", {})
+    backend = str(d.get("backend", "single"))
+    if backend == "deepspeed":
+        stage = d.get("zero_stage", 2)
+        return f"DeepSpeed ZeRO-{'1/2' if stage in (1, 2) else stage}"
+    return "FSDP2" if backend == "fsdp" else "one process or DDP"
+
+
 def check_config(path: Path, current: dict[str, Any], allow: bool, world_size: int = 1) -> list[str]:
     """Refuse (or, allowed, warn about and return) changes that break an exact resume: config keys, the number
     of processes (so the global batch) and the training data's content."""
     saved = OmegaConf.to_container(OmegaConf.load(Path(path) / "config.yaml"))
+    if (written := _layout(saved)) != (reader := _layout(current)):
+        name = saved.get("distributed", {}).get("name", "single")
+        raise CheckpointError(
+            f"checkpoint {path} was written by {written} (distributed={name}) and cannot be loaded by {reader} "
+            f"(distributed={current['distributed']['name']}): each backend reads only its own checkpoint files; "
+            f"resume with distributed={name}")
     body = manifest(path)
     changes = breaking_changes(saved, current)
     if (was := body.get("world_size")) not in (None, world_size):

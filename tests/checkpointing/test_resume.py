@@ -139,6 +139,27 @@ def test_resume_on_another_number_of_processes_is_refused_unless_allowed(tiny, t
     assert summary["steps"] == 6
 
 
+@pytest.mark.parametrize("dist, written_by", [("fsdp", "FSDP2"), ("deepspeed-z2", "DeepSpeed ZeRO-1/2"),
+                                               ("deepspeed-z3", "DeepSpeed ZeRO-3")])
+def test_resume_under_another_distributed_backend_is_refused_even_when_allowed(tiny, tmp_path, dist, written_by):
+    """Each backend writes its own checkpoint files (Accelerate's, DeepSpeed's per ZeRO stage, FSDP2's DCP
+    shards): a checkpoint resumed under another would fail deep in that backend's loader, so it is refused, naming
+    both and the distributed= that loads it. (ZeRO-1 and 2 write the same files: one reads the other's.)"""
+    from ampft.checkpointing import check_config
+    from ampft.config import to_plain
+
+    run(tiny("trainer.max_steps=4", "checkpoint.every=4"), tmp_path)
+    ckpt = tmp_path / "checkpoints" / "step_4"
+    for allow in (False, True):
+        with pytest.raises(CheckpointError) as err:
+            check_config(ckpt, to_plain(tiny(f"distributed={dist}")), allow)
+        assert str(err.value) == (
+            f"checkpoint {ckpt} was written by one process or DDP (distributed=single) and cannot be loaded by "
+            f"{written_by} (distributed={dist}): each backend reads only its own checkpoint files; resume with "
+            "distributed=single")
+    assert check_config(ckpt, to_plain(tiny("distributed=ddp")), False) == []  # DDP reads one process's files
+
+
 def test_an_allowed_new_batch_size_goes_on_after_the_examples_already_trained_on(tiny, tmp_path, caplog):
     """8 steps of batch 16 have consumed 128 of the epoch's 640 examples; resumed with batch 32 (allowed), the
     epoch goes on after those 128 (4 batches of 32), not after 8 batches of 32."""
