@@ -6,6 +6,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -176,6 +177,32 @@ def prepare_environment(cfg: DictConfig, run_dir: Path) -> None:
     quiet_deepspeed()
     if cfg.distributed.backend == Backend.deepspeed:
         os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(run_dir).resolve() / "torch_extensions"))
+
+
+@contextmanager
+def main_process_first(accelerator):
+    """Accelerate's `main_process_first` (the main process runs the block, say reading and caching the data, then
+    the others), ending every rank when the block fails on the main process: it reports its error, the others exit
+    with its code without a word (they would wait at a barrier it never reaches and end in a traceback of the lost
+    connection, or hang)."""
+    if accelerator.num_processes == 1:
+        yield
+        return
+    code = [0]
+    if accelerator.is_main_process:
+        try:
+            yield
+        except BaseException as exc:
+            code = [getattr(exc, "exit_code", 1)]
+            raise
+        finally:
+            torch.distributed.broadcast_object_list(code, src=0)
+    else:
+        torch.distributed.broadcast_object_list(code, src=0)
+        if code[0]:  # the launcher stops this rank once the main process has reported and exited (an exit now
+            time.sleep(60)  # could make it stop the main process before its report)
+            raise SystemExit(code[0])
+        yield
 
 
 def check_world(accelerator) -> None:

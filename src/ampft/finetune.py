@@ -160,7 +160,7 @@ def build(cfg: DictConfig, run_dir: Path, held: contextlib.ExitStack | None = No
     tokenizer = family.adapt_tokenizer(load_tokenizer(cfg.model))
     if accelerator.is_main_process:  # checkpoints of this run can then be evaluated on their own
         tokenizer.save_pretrained(run_dir / "tokenizer")
-    data = prepare_data(cfg, family, tokenizer, accelerator.main_process_first)
+    data = prepare_data(cfg, family, tokenizer, lambda: distributed.main_process_first(accelerator))
     with distributed.whole_model_init(accelerator):
         model = build_model(cfg.model, tokenizer, data.labels, family, cfg.precision.name, accelerator.device)
     distributed.set_fsdp_layers(accelerator, model)

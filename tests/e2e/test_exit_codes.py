@@ -217,6 +217,22 @@ def test_several_processes_exit_with_the_ranks_code(tmp_path):
 
 
 @pytest.mark.distributed
+def test_several_processes_a_data_error_is_one_line_from_the_main_process(tmp_path):
+    """The main process reads and tokenizes the data first while the other ranks wait: a file it refuses ends every
+    rank, with the main process's one error line (the others waited at a barrier it never reached and ended in a
+    traceback of the lost connection)."""
+    (tmp_path / "train.csv").write_text("text,label\ngood stuff,1\nbad stuff,0\n")
+    proc = _run(["-m", "ampft.launch", *TINY, "task=csv", f"task.train_file={tmp_path / 'train.csv'}",
+                 f"task.validation_file={tmp_path / 'train.csv'}", "task.text_fields=[sentence]",
+                 "trainer.max_steps=2", "distributed=ddp", "distributed.num_processes=2",
+                 f"hydra.run.dir={tmp_path / 'run'}"])
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    errors = [x for x in proc.stderr.splitlines() if x.startswith("error: ")]
+    assert len(errors) == 1 and "column(s) ['sentence'] not in the train split" in errors[0], proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+
+
+@pytest.mark.distributed
 @pytest.mark.parametrize("sig", ["SIGTERM", "SIGUSR1"])
 def test_several_processes_preempted_by_a_signal_to_the_launcher_exit_75(tmp_path, sig):
     """SIGTERM or SIGUSR1 to the launcher (what a scheduler sends): torch's launcher passes it to the ranks (SIGUSR1

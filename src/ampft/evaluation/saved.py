@@ -167,7 +167,7 @@ def evaluate_saved(e: DictConfig) -> dict[str, Any]:
         raise EvaluationError(exc.problems[0]) from exc
     accelerator, ran, tokenizer, model = saved.load()
     try:
-        data = prepare_data(cfg, family, tokenizer, accelerator.main_process_first)
+        data = prepare_data(cfg, family, tokenizer, lambda: distributed.main_process_first(accelerator))
     except DataError as exc:  # the file was read as the train and the validation split: say it as given
         if e.file is None:
             raise
