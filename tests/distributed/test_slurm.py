@@ -67,3 +67,18 @@ def test_sigusr1_before_the_time_limit_checkpoints_requeues_and_resumes(tmp_path
     import yaml
 
     assert yaml.safe_load((run_dir / "config.yaml").read_text())["logging"]["project"] == "my project"
+
+
+@pytest.mark.distributed
+@pytest.mark.skipif(not (ROOT / ".venv" / "bin" / "python").is_file(), reason="no .venv: make setup makes it")
+def test_the_script_runs_the_projects_venv_without_it_activated(tmp_path):
+    """`make setup`, then the script as the README shows it, no venv activated: the job runs .venv's python (as
+    make does), not whatever `python` the nodes' PATH has (none here)."""
+    env = {"HOME": os.environ.get("HOME", "/root"), "PATH": f"{STANDIN}:/usr/bin:/bin", "SLURM_JOB_ID": "7",
+           "SLURM_SUBMIT_DIR": str(ROOT), "SLURM_JOB_NODELIST": "127.0.0.1", "SLURM_NNODES": "1",
+           "SLURM_GPUS_PER_NODE": "2", "RUN_DIR": str(tmp_path / "run"), "SCONTROL_LOG": str(tmp_path / "scontrol.log")}
+    env.update({k: v for k, v in os.environ.items() if k.startswith(("PYTHON", "HF_", "AMPFT", "OMP_"))})
+    proc = subprocess.run(["bash", "scripts/slurm/finetune.sbatch", *TINY, "trainer.max_steps=2",
+                           "task.max_train_samples=64"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["num_processes"] == 2
