@@ -109,6 +109,18 @@ def test_every_format_loads_the_same_rows_with_string_labels(compose, tmp_path, 
     assert enc["train"]["label"] == list(ROWS.label)  # the original column is kept
 
 
+@pytest.mark.parametrize("ext", [".csv", ".tsv", ".jsonl", ".json"])
+def test_a_byte_order_mark_at_the_start_of_a_text_file_is_not_data(compose, tmp_path, ext):
+    # Windows tools (Notepad, PowerShell, Excel's "CSV UTF-8") start UTF-8 files with a BOM; the readers skip it.
+    train, dev = write(ROWS, tmp_path / f"train{ext}"), write(ROWS, tmp_path / f"dev{ext}")
+    for path in (train, dev):
+        path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())
+    raw, labels, enc = load_encoded(files_task(compose, train, dev))
+    assert raw["train"].column_names[:2] == ["sentence", "label"]
+    assert raw["validation"]["sentence"] == list(ROWS.sentence)
+    assert labels == ["neg", "pos"] and enc["train"]["labels"] == [1, 0, 1, 0, 1]
+
+
 @pytest.mark.parametrize("ext", [".csv", ".tsv", ".jsonl", ".parquet"])
 def test_integer_labels_are_used_as_ids(compose, tmp_path, ext):
     df = ROWS.assign(label=[1, 0, 1, 0, 1])

@@ -93,6 +93,15 @@ def test_read_conll_format(tmp_path):
     assert read_conll(path, tag_column=2)["tags"][0] == ["B-NP", "B-VP"]  # the chunk column
 
 
+def test_read_conll_skips_a_byte_order_mark(tmp_path):
+    # With the BOM read as text, "\ufeff-DOCSTART-" would be a word: one sentence more, tagged O.
+    path = tmp_path / "bom.txt"
+    path.write_bytes("\ufeff-DOCSTART- -X- -X- O\n\nEU NNP B-NP B-ORG\nrejects VBZ B-VP O\n".encode())
+    ds = read_conll(path)
+    assert ds["tokens"] == [["EU", "rejects"]]
+    assert ds["tags"] == [["B-ORG", "O"]]
+
+
 @pytest.mark.parametrize(("text", "line", "kwargs"), [
     ("EU NNP B-NP B-ORG\nrejects B-VP O\n", 2, {}),  # 3 fields in a 4-field file
     ("EU\n", 1, {}),  # a token without a tag

@@ -93,6 +93,14 @@ def test_read_squad_v2_and_errors(tmp_path):
         read_squad(path)
 
 
+def test_read_squad_skips_a_byte_order_mark(tmp_path):
+    data = {"data": [{"title": "T", "paragraphs": [{"context": "Apollo 11 landed in 1969.", "qas": [
+        {"id": "a", "question": "When?", "answers": [{"text": "1969", "answer_start": 20}]}]}]}]}
+    path = tmp_path / "bom.json"
+    path.write_bytes(b"\xef\xbb\xbf" + json.dumps(data).encode())
+    assert read_squad(path)["answers"] == [{"text": ["1969"], "answer_start": [20]}]
+
+
 # ---- windows ---------------------------------------------------------------------------------------
 
 @pytest.mark.data

@@ -156,7 +156,7 @@ def _check_csv(path: str, key: str, names: list[str] | None = None) -> None:
 
 
 def _check_json(path: str, key: str) -> None:
-    with open(path, encoding="utf-8") as f:
+    with open(path, encoding="utf-8-sig") as f:  # a BOM at the start is not data (the reader skips it too)
         text = f.read()
     if not text.strip():
         return  # the empty-file error comes from the reader

@@ -32,7 +32,7 @@ def read_squad(path: str | Path, answers: bool = True) -> datasets.Dataset:
     rows = []
     where = "the top level"
     try:
-        with open(path, encoding="utf-8") as f:
+        with open(path, encoding="utf-8-sig") as f:  # a BOM at the start is not an error
             articles = json.load(f)["data"]
         for a, article in enumerate(articles):
             where = f"data[{a}]"

@@ -22,7 +22,7 @@ def read_conll(path: str | Path, token_column: int = 0, tag_column: int | None =
     tokens: list[str] = []
     tags: list[str] = []
     width = None
-    with open(path, encoding="utf-8") as f:
+    with open(path, encoding="utf-8-sig") as f:  # a BOM at the start is not part of the first word
         for lineno, line in enumerate(f, 1):
             line = line.strip(" \t\r\n")
             fields = _FIELDS.split(line) if line else []
