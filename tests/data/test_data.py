@@ -284,6 +284,15 @@ def test_validation_label_unseen_in_train_is_named(compose, tmp_path):
         load_encoded(files_task(compose, train, dev))
 
 
+def test_validation_label_unseen_in_train_names_the_file_and_rows(compose, tmp_path):
+    train = write(ROWS, tmp_path / "train.csv")
+    dev = write(ROWS.assign(label=["pos", "neg", "mixed", "pos", "mixed"]), tmp_path / "dev.csv")
+    with pytest.raises(DataError) as err:
+        load_encoded(files_task(compose, train, dev))
+    assert f"task.validation_file={dev}" in str(err.value)
+    assert "row(s) 3, 5" in str(err.value)
+
+
 def _int_labels_with_an_out_of_range_id(compose, tmp_path):
     train = write(ROWS.assign(label=[0, 1, 0, 1, 0]), tmp_path / "train.jsonl")
     dev = write(ROWS.assign(label=[0, 1, 2, 1, 0]), tmp_path / "dev.jsonl")

@@ -146,9 +146,12 @@ def encode_labels(raw: DatasetDict, task: DictConfig, labels: list[str] | None) 
             in_range = all(isinstance(v, int) for v in values)
             unknown = sorted(str(v) for v in values
                              if (not 0 <= v < len(labels) if in_range else str(v) not in label2id))
+            shown = (lambda v, f=feature: str(v if v < 0 else f.int2str(v))) if isinstance(feature, ClassLabel) else str
+            bad = [i for i, v in enumerate(ds[col]) if shown(v) in unknown]
             raise DataError(
-                f"task={task.name}: the {split} split has labels {unknown[:10]} outside the label set "
-                f"{labels}. Fix the data, or set task.labels=[...] to the full label list in id order."
+                f"{where(task, split)}: the {split} split has labels {unknown[:10]} outside the label set "
+                f"{labels}, {_rows(task, split, bad)}. Fix the data, or set task.labels=[...] to the full label "
+                "list in id order."
             )
         if not by_name and task.labels is None:  # ids, but into which list of names?
             shown = ", ".join(f"{i} = {name}" for i, name in enumerate(labels))
