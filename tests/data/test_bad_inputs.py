@@ -219,6 +219,17 @@ def test_conll_line_with_a_wrong_field_count_names_file_and_line(tmp_path):
         family_for(task.family).load(task)
 
 
+def test_conll_tag_outside_task_labels_names_file_and_sentences(tmp_path):
+    train, dev = tmp_path / "train.txt", tmp_path / "dev.txt"
+    train.write_text("EU B-ORG\nrejects O\n\nGerman B-MISC\ncall O\n")
+    dev.write_text("EU B-ORG\n\nMonday B-DATE\n\ncall O\n\nFriday B-DATE\n")
+    task = compose_config("finetune", ["task=conll2003", f"task.train_file={train}",
+                                       f"task.validation_file={dev}"]).task
+    with pytest.raises(DataError, match=rf"task.validation_file={dev}: tag\(s\) \['B-DATE'\] not in the label list "
+                                        r"\['O', .*\], in sentence\(s\) 2, 4 \(counted from 1\)"):
+        family_for(task.family).load(task)
+
+
 @pytest.mark.parametrize(("drop", "where"), [
     ("context", r"data\[0\].paragraphs\[0\], key 'context' missing"),
     ("answers", r"data\[0\].paragraphs\[0\].qas\[1\] \(id 'q2'\), key 'answers' missing"),

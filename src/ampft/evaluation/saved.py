@@ -175,7 +175,9 @@ def evaluate_saved(e: DictConfig) -> dict[str, Any]:
         for old, new in ((f"task.train_file={e.file}", f"file={e.file}"),
                          (f"task.validation_file={e.file}", f"file={e.file}"),
                          ("Fix the data, or set task.labels=[...] to the full label list in id order.",
-                          "The model was trained on these labels only: fix the file.")):
+                          "The model was trained on these labels only: fix the file."),
+                         ("Fix the data, or set task.labels=[...] to every tag in id order",
+                          "The model was trained on these tags only: fix the file")):
             said = said.replace(old, new)
         raise DataError(re.sub(r"\bthe (train|validation) split\b", "the file", said)) from exc
     eval_dl, *extra_dls = [eval_dataloader(cfg, data, ds, tokenizer, accelerator.device, model)
