@@ -98,6 +98,19 @@ def test_classification_rows_are_the_models_own_probabilities_in_file_order(fami
     assert _md5s(run_dir) == before
 
 
+def test_a_headerless_file_of_texts_alone_is_predicted_with_task_column_names(family_run, tmp_path):
+    """A file to predict has no label column: task.column_names names the text columns only."""
+    run_dir = family_run("sst2")
+    test = tmp_path / "texts.tsv"
+    test.write_text("".join(f"{s}\n" for s in SENTENCES))
+    out = _predict(run=str(run_dir), file=str(test), task={"column_names": ["sentence"]})
+    assert out["samples"] == len(SENTENCES)
+    with_header = tmp_path / "with_header.tsv"
+    with_header.write_text("sentence\n" + test.read_text())
+    assert [r["probabilities"] for r in _rows(out)] == [r["probabilities"] for r in
+                                                        _rows(_predict(run=str(run_dir), file=str(with_header)))]
+
+
 def test_regression_rows_are_the_models_values(family_run, tmp_path):
     run_dir = family_run("stsb")
     pairs = [(s, SENTENCES[-1 - i]) for i, s in enumerate(SENTENCES)]

@@ -48,7 +48,9 @@ def column_names_problems(task: DictConfig, files: list[tuple[str, str]]) -> lis
                 f"files, not {Path(path).suffix}" for key, path in files if Path(path).suffix.lower() not in (".csv", ".tsv")]
     if len(set(names)) != len(names):
         problems.append(f"task.column_names={list(names)}: names must be unique")
-    missing = [c for c in (*task.text_fields, task.label_column) if c not in names]
+    # A file given as file= (make predict, make evaluate) may have no label column; evaluate says so when it reads it.
+    needed = [*task.text_fields, *([] if all(key == "file" for key, _ in files) else [task.label_column])]
+    missing = [c for c in needed if c not in names]
     if missing:
         problems.append(f"task.column_names={list(names)} lacks {missing}, which task.text_fields/task.label_column "
                         "name: name the file's columns in order, including those")
