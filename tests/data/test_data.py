@@ -191,6 +191,19 @@ def test_tsv_text_that_looks_like_a_missing_value_is_kept(compose, tmp_path):
     assert raw["train"]["sentence"] == ["NA", "null", "None", "nan"]
 
 
+@pytest.mark.parametrize("ext", [".csv", ".tsv"])
+def test_csv_text_that_looks_like_a_number_is_kept_as_written(compose, tmp_path, ext):
+    # A text column whose every cell looks numeric (codes, years, short answers) would be parsed as numbers:
+    # "007" would train as "7", "1e5" as "100000.0".
+    sep = "\t" if ext == ".tsv" else ","
+    path = tmp_path / f"codes{ext}"
+    path.write_text(f"sentence{sep}label\n007{sep}pos\n1e5{sep}neg\n12{sep}pos\n0012{sep}neg\n", encoding="utf-8")
+    raw = load_raw(files_task(compose, path, path))
+    assert raw["train"]["sentence"] == ["007", "1e5", "12", "0012"]
+    with_predict = CLASSIFICATION.read_inputs(files_task(compose, path, path), str(path))
+    assert with_predict["sentence"] == ["007", "1e5", "12", "0012"]
+
+
 # ---------------------------------------------------------------------------------------------------------
 # errors that say what is wrong
 

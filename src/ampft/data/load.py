@@ -87,8 +87,9 @@ def read_checked(read: Callable[[], Dataset], path: str, split: str, what: str, 
     return ds
 
 
-def load_file(path: str, split: str, column_names: list[str] | None = None) -> Dataset:
-    """One split from one file, read on its own terms; `column_names` name a headerless csv/tsv's columns."""
+def load_file(path: str, split: str, column_names: list[str] | None = None, text_columns=()) -> Dataset:
+    """One split from one file, read on its own terms; `column_names` name a headerless csv/tsv's columns, and
+    csv/tsv `text_columns` are read as written (pandas would make a column of "007", "1e5" the numbers 7, 1e5)."""
     check_rows(path, split, column_names)
     # datasets keys its own cache of a local file by path and mtime only: a file rewritten with its mtime
     # kept (cp -p, rsync -a, tar x) would be served stale. The content digest in the builder's config id
@@ -96,7 +97,7 @@ def load_file(path: str, split: str, column_names: list[str] | None = None) -> D
     fmt, kwargs = file_format(path), {"description": f"ampft content {file_digest(path)}"}
     if fmt == "csv":
         # Text is text: "NA" or "null" in a sentence stays a word, not a missing value.
-        kwargs.update(keep_default_na=False)
+        kwargs.update(keep_default_na=False, converters={str(c): str for c in text_columns})
         if column_names is not None:
             kwargs.update(column_names=list(column_names), header=None)
         if Path(path).suffix.lower() == ".tsv":  # GLUE-style TSV: quotes are text, not delimiters

@@ -20,7 +20,7 @@ log = logging.getLogger(__name__)
 
 def load_raw(task: DictConfig) -> DatasetDict:
     names = None if task.column_names is None else [str(c) for c in task.column_names]
-    raw = load_splits(task, lambda path, split: load_file(path, split, names))
+    raw = load_splits(task, lambda path, split: load_file(path, split, names, task.text_fields))
     for split, ds in raw.items():
         if len(ds) == 0:
             raise DataError(f"task={task.name}: the {split} split is empty")

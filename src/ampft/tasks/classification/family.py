@@ -105,7 +105,7 @@ class Classification(Family):
 
     def read_inputs(self, task: DictConfig, path: str) -> Dataset:
         names = None if task.column_names is None else [str(c) for c in task.column_names]
-        ds = load_file(path, PREDICT, names)
+        ds = load_file(path, PREDICT, names, task.text_fields)
         missing = [c for c in task.text_fields if c not in ds.column_names]
         if missing:
             raise DataError(f"file={path}: column(s) {missing} not in the file, whose columns are {ds.column_names} "
