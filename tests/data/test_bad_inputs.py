@@ -284,6 +284,20 @@ def test_mixed_integer_and_word_labels_are_warned_about_with_counts(tmp_path, ca
     assert caplog.text == ""
 
 
+def test_labels_differing_only_in_case_or_spaces_are_warned_about_with_counts(tmp_path, caplog):
+    # "pos " (a trailing space from a spreadsheet) or "Pos" would be classes of their own, silently.
+    rows = ["sentence\tlabel"] + [f"s{i}\t{['neg', 'pos', 'pos ', 'Neg'][i % 4]}" for i in range(40)]
+    train = _tsv(tmp_path / "train.tsv", rows)
+    with caplog.at_level(logging.WARNING, logger="ampft.data.load"):
+        load_raw(_csv_task(train, train))
+    assert ("labels differ only in case or surrounding spaces: ['Neg', 'neg'], ['pos', 'pos '] (counts "
+            "{'Neg': 10, 'neg': 10, 'pos': 10, 'pos ': 10}): 4 classes") in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="ampft.data.load"):
+        load_raw(_csv_task(train, train, "task.labels=[neg,pos,'pos ',Neg]"))  # said explicitly: no warning
+    assert caplog.text == ""
+
+
 def test_a_json_column_mixing_value_types_is_an_error_naming_the_column_and_rows(tmp_path):
     """datasets reads such a column untyped (its `Json` feature), which the label encoding cannot take."""
     rows = [{"sentence": "fine", "label": "pos"}, {"sentence": "broken", "label": "neg"},

@@ -77,6 +77,13 @@ def check_labels(raw: DatasetDict, task: DictConfig) -> None:
         log.warning("%s: labels mix integer-like and word values %s (counts): %d classes. If these are two "
                     "spellings of the same classes, fix the file; set task.labels=[...] to silence this.",
                     where(task, "train"), shown, len(counts))
+    folded: dict[str, list[str]] = {}
+    for v in sorted(counts):
+        folded.setdefault(v.strip().casefold(), []).append(v)
+    if same := [names for names in folded.values() if len(names) > 1]:
+        log.warning("%s: labels differ only in case or surrounding spaces: %s (counts %s): %d classes. If they are "
+                    "one class, fix the file; set task.labels=[...] to silence this.", where(task, "train"),
+                    ", ".join(map(str, same)), shown, len(counts))
     largest = max(counts.values())
     rare = {v: n for v, n in counts.items() if n < max(2, 0.01 * largest)}
     if rare and len(counts) > 1:
