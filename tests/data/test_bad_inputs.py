@@ -271,6 +271,14 @@ def test_empty_label_is_an_error_naming_file_and_rows(tmp_path):
     assert "Fill them in or remove those rows" in msg
 
 
+def test_many_bad_rows_are_named_by_the_first_eight_and_a_count(tmp_path):
+    train = _tsv(tmp_path / "train.tsv", [*GOOD, *(f"no label {i}\t" for i in range(11))])
+    with pytest.raises(DataError) as err:
+        load_raw(_csv_task(train, _tsv(tmp_path / "dev.tsv", GOOD)))
+    assert "11 empty label(s) in column 'label', row(s) 5, 6, 7, 8, 9, 10, 11, 12 and 3 more (file line" \
+        in str(err.value)
+
+
 def test_mixed_integer_and_word_labels_are_warned_about_with_counts(tmp_path, caplog):
     rows = ["sentence\tlabel"] + [f"s{i}\t{['0', '1', 'neg', 'pos'][i % 4]}" for i in range(40)]
     train = _tsv(tmp_path / "train.tsv", rows)

@@ -40,7 +40,7 @@ def load_raw(task: DictConfig) -> DatasetDict:
 
 def _rows(task: DictConfig, split: str, indices: list[int]) -> str:
     """Rows by number from 1; the file line too for csv/tsv (one header line, no blank or multi-line rows)."""
-    shown = ", ".join(str(i + 1) for i in indices[:8]) + (", ..." if len(indices) > 8 else "")
+    shown = ", ".join(str(i + 1) for i in indices[:8]) + (f" and {len(indices) - 8} more" if len(indices) > 8 else "")
     lines = Path(split_files(task).get(split, "")).suffix.lower() in (".csv", ".tsv")
     return f"row(s) {shown}" + (" (file line = row + 1, after the header)" if lines else "")
 

@@ -73,7 +73,7 @@ class TokenClassification(Family):
             gold = ds["tags"]
             if bad := [i for i, tags in enumerate(gold) if not set(labels).issuperset(tags)]:
                 unknown = sorted({t for i in bad for t in gold[i]} - set(labels))
-                shown = ", ".join(str(i + 1) for i in bad[:8]) + (", ..." if len(bad) > 8 else "")
+                shown = ", ".join(str(i + 1) for i in bad[:8]) + (f" and {len(bad) - 8} more" if len(bad) > 8 else "")
                 raise DataError(f"{where(task, split)}: tag(s) {unknown[:10]} not in the label list {labels}, in "
                                 f"sentence(s) {shown} (counted from 1). Fix the data, or set task.labels=[...] to "
                                 "every tag in id order")
