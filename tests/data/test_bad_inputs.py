@@ -315,7 +315,14 @@ def test_a_json_column_mixing_value_types_is_an_error_naming_the_column_and_rows
     with pytest.raises(DataError) as err:
         load_raw(_csv_task(train, train))
     assert (f"task.train_file={train}: column(s) ['sentence', 'label'] of the train split mix value types across "
-            "rows ('sentence': str in row 1, list in row 4)") in str(err.value)
+            "rows ('sentence': string in row 1, list in row 4)") in str(err.value)
+
+    # Strings that read as numbers next to numbers: datasets decodes the strings, the file says what they were.
+    rows = [{"sentence": "a", "score": "3.5"}, {"sentence": "b", "score": "1"}, {"sentence": "c", "score": 2}]
+    for name, text in (("train.jsonl", "".join(json.dumps(r) + "\n" for r in rows)), ("train.json", json.dumps(rows))):
+        (tmp_path / name).write_text(text)
+        with pytest.raises(DataError, match=r"\('score': string in row 1, number in row 3\)"):
+            load_raw(_csv_task(tmp_path / name, tmp_path / name, "task.label_column=score"))
 
 
 def test_a_rare_class_is_warned_about(tmp_path, caplog):

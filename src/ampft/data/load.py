@@ -60,19 +60,36 @@ def where(task: DictConfig, split: str) -> str:
     return f"task={task.name}, {split} split" if path is None else f"{split_key(split)}={path}"
 
 
-def check_columns(ds: Dataset, wanted: list[str], where: str, split: str, fix: str) -> None:
+def check_columns(ds: Dataset, wanted: list[str], where: str, split: str, fix: str, path: str | None = None) -> None:
     """A DataError naming the `wanted` columns a split lacks, the columns it has, and `fix`; or the `wanted`
-    columns whose rows mix value types (datasets reads such a JSON column as its `Json` feature, untyped)."""
+    columns whose rows mix value types (datasets reads such a JSON column as its `Json` feature, untyped), with
+    each type's first row, read from the split's JSON file `path` where there is one."""
     if missing := [c for c in wanted if c not in ds.column_names]:
         raise DataError(f"{where}: column(s) {missing} not in the {split} split, whose columns are {ds.column_names}. "
                         + fix)
     if mixed := [c for c in wanted if type(ds.features[c]).__name__ == "Json"]:
+        # The `Json` feature decodes a string that reads as JSON ("3.5") into its value: the file's rows say the types
+        values = [row.get(mixed[0]) for row in _json_rows(path)] if path else ds[mixed[0]]
         first: dict[str, int] = {}  # each type's first row
-        for i, value in enumerate(ds[mixed[0]], 1):
-            first.setdefault(type(value).__name__, i)
+        for i, value in enumerate(values, 1):
+            if value is not None:
+                first.setdefault(_JSON_TYPES.get(type(value), type(value).__name__), i)
         raise DataError(f"{where}: column(s) {mixed} of the {split} split mix value types across rows "
                         f"({mixed[0]!r}: " + ", ".join(f"{k} in row {i}" for k, i in first.items())
                         + "); write each column's values one way, e.g. every label as a string, every text as one string")
+
+
+_JSON_TYPES = {str: "string", int: "number", float: "number", bool: "boolean", list: "list", dict: "object"}
+
+
+def _json_rows(path: str) -> list[dict]:
+    """The rows of a JSON file (a list of objects) or JSON-lines file that `_check_json` passed."""
+    text = Path(path).read_text(encoding="utf-8-sig")
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError:
+        doc = None  # JSON lines
+    return doc if isinstance(doc, list) else [json.loads(line) for line in text.split("\n") if line.strip()]
 
 
 def read_checked(read: Callable[[], Dataset], path: str, split: str, what: str, prefix: str = "") -> Dataset:

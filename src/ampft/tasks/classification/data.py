@@ -28,7 +28,8 @@ def load_raw(task: DictConfig) -> DatasetDict:
                       if task.label_column not in ds.column_names else "")
         check_columns(ds, [*task.text_fields, task.label_column],
                       where(task, split) if split in split_files(task) else f"task={task.name}", split,
-                      f"Set task.text_fields=[...] and task.label_column=... to match{unlabelled}.")
+                      f"Set task.text_fields=[...] and task.label_column=... to match{unlabelled}.",
+                      split_files(task).get(split))
     check_labels(raw, task)
     for split, ds in raw.items():
         empty = [i for i, row in enumerate(zip(*(ds[f] for f in task.text_fields), strict=True))
