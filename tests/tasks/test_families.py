@@ -198,7 +198,8 @@ def test_ner_data_problems_are_named(compose, tmp_path):
         return prepare_data(cfg, tasks.family_for("token_classification"), load_tokenizer(cfg.model),
                             contextlib.nullcontext)
 
-    with pytest.raises(DataError, match=r"tag 'B-DATE' is not in the label list .*set task.labels"):
+    with pytest.raises(DataError, match=rf"task.train_file={unknown}: tag\(s\) \['B-DATE'\] not in the label list "
+                                        r".*in sentence\(s\) 1 .*set task.labels"):
         load(unknown)
     assert load(unknown, "task.labels=null").labels == ["O", "B-DATE", "B-ORG"]
     with pytest.raises(DataError, match=r"tags \['S-ORG'\] are not IOB tags"):

@@ -14,7 +14,6 @@ import torch
 from ampft.tasks.token_classification import seqeval
 from ampft.tasks.token_classification.conll import (
     IGNORE_INDEX,
-    encode_tags,
     label_list,
     predictions_to_tags,
     read_conll,
@@ -113,12 +112,6 @@ def test_read_conll_malformed(tmp_path, text, line, kwargs):
     path.write_text(text)
     with pytest.raises(ValueError, match=rf"bad\.txt:{line}: malformed line"):
         read_conll(path, **kwargs)
-
-
-def test_encode_tags():
-    assert encode_tags(["O", "B-PER", "I-PER"], L2I) == [0, 4, 8]
-    with pytest.raises(ValueError, match="'B-DATE' is not in the label list"):
-        encode_tags(["B-DATE"], L2I)
 
 
 # ---- alignment -------------------------------------------------------------------------------------

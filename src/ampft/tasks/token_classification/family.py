@@ -89,11 +89,7 @@ class TokenClassification(Family):
         label2id = {name: i for i, name in enumerate(labels or [])}
 
         def encode(batch):  # a file to predict has no tags: no labels
-            try:
-                return conll.tokenize_and_align(batch, tokenizer, label2id, task.max_length, task.label_all_subtokens)
-            except ValueError as exc:
-                raise DataError(f"task={task.name}: {exc}. Fix the data, or set task.labels=[...] to every tag "
-                                "in id order") from None
+            return conll.tokenize_and_align(batch, tokenizer, label2id, task.max_length, task.label_all_subtokens)
 
         return encode
 
