@@ -90,15 +90,6 @@ def test_another_local_file_with_the_run_labels(trained, tmp_path_factory):
     assert out["samples"] == 3 and set(out["metrics"]) == {"accuracy", "f1", "loss"}
     assert (run_dir / "evaluations" / "final_reviews" / "eval.json").is_file()
 
-    # Another file of the same name would land in the same folder: refused before anything is loaded.
-    elsewhere = tmp_path_factory.mktemp("elsewhere") / "reviews.csv"
-    elsewhere.write_text(other.read_text())
-    with pytest.raises(EvaluationError, match=rf"final_reviews holds the evaluations of {other}, another file named "
-                                              r"reviews.csv: pass name=NAME to keep both"):
-        _evaluate(run=str(run_dir), file=str(elsewhere))
-    assert _evaluate(run=str(run_dir), file=str(elsewhere), name="elsewhere")["samples"] == 3
-    assert _evaluate(run=str(run_dir), file=str(other))["samples"] == 3  # the same file again: replaced
-
 
 def test_real_sst2_dev_file(trained):
     run_dir, _ = trained

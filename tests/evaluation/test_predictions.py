@@ -96,10 +96,6 @@ def test_classification_rows_are_the_models_own_probabilities_in_file_order(fami
     assert {"final_test", "final_test_batch-2", "final_test_precision-bf16", "step_6_test"} <= {
         p.name for p in (run_dir / "predictions").iterdir()}
     assert _md5s(run_dir) == before
-    (tmp_path / "other").mkdir()  # another test.tsv would replace these predictions: refused
-    (tmp_path / "other" / "test.tsv").write_text(test.read_text())
-    with pytest.raises(EvaluationError, match=rf"final_test holds the predictions of {test}, another file named"):
-        _predict(run=str(run_dir), file=str(tmp_path / "other" / "test.tsv"))
 
 
 def test_a_headerless_file_of_texts_alone_is_predicted_with_task_column_names(family_run, tmp_path):

@@ -76,7 +76,7 @@ def predict_saved(e: DictConfig) -> dict[str, Any]:
                samples=len(rows), seconds=seconds, files=["predictions.jsonl", *([glue_file] if glue_file else [])])
     if accelerator.is_main_process:
         if out_dir.exists():
-            log.warning("replacing the earlier predictions in %s (the same weights and file; name=NAME keeps both)",
+            log.warning("replacing the earlier predictions in %s (same name: same weights, file and overrides)",
                         out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
         with (out_dir / "predictions.jsonl").open("w") as f:

@@ -91,19 +91,7 @@ class SavedRun:
             parts.append(f"precision-{e.precision}")
         if e.batch_size is not None:
             parts.append(f"batch-{e.batch_size}")
-        out = self.run_dir / under / re.sub(r"[^\w.=+-]", "_", "_".join(parts))
-        if e.file is not None and (was := _file_read_into(out)) and Path(was).resolve() != Path(e.file).resolve():
-            raise EvaluationError(f"{out} holds the {under} of {was}, another file named {Path(e.file).name}: pass "
-                                  "name=NAME to keep both (or remove that folder to replace it)")
-        return out
-
-
-def _file_read_into(folder: Path) -> str | None:
-    """The file an earlier evaluation or prediction in `folder` read, from its eval.json or predict.json."""
-    for record, key in (("eval.json", "data"), ("predict.json", "file")):
-        if (folder / record).is_file():
-            return json.loads((folder / record).read_text()).get(key)
-    return None
+        return self.run_dir / under / re.sub(r"[^\w.=+-]", "_", "_".join(parts))
 
 
 def check_weights(missing: list[str], unexpected: list[str], where: str) -> None:
@@ -197,8 +185,7 @@ def evaluate_saved(e: DictConfig) -> dict[str, Any]:
     model, eval_dl, *extra_dls = accelerator.prepare(model, eval_dl, *extra_dls)
     if accelerator.is_main_process:
         if out_dir.exists():
-            log.warning("replacing the earlier evaluation in %s (the same weights and data; name=NAME keeps both)",
-                        out_dir)
+            log.warning("replacing the earlier evaluation in %s (same name: same weights, data and overrides)", out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
     accelerator.wait_for_everyone()
     started = time.perf_counter()
