@@ -185,7 +185,8 @@ def evaluate_saved(e: DictConfig) -> dict[str, Any]:
     model, eval_dl, *extra_dls = accelerator.prepare(model, eval_dl, *extra_dls)
     if accelerator.is_main_process:
         if out_dir.exists():
-            log.warning("replacing the earlier evaluation in %s (same name: same weights, data and overrides)", out_dir)
+            log.warning("replacing the earlier evaluation in %s (named by the weights, the data's file name or "
+                        "split, precision= and batch_size=; name=NAME keeps both)", out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
     accelerator.wait_for_everyone()
     started = time.perf_counter()
