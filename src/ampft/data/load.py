@@ -60,6 +60,11 @@ def where(task: DictConfig, split: str) -> str:
     return f"task={task.name}, {split} split" if path is None else f"{split_key(split)}={path}"
 
 
+def numbered(indices: list[int]) -> str:
+    """0-based indices for a message, counted from 1: the first eight, then how many more."""
+    return ", ".join(str(i + 1) for i in indices[:8]) + (f" and {len(indices) - 8} more" if len(indices) > 8 else "")
+
+
 def check_columns(ds: Dataset, wanted: list[str], where: str, split: str, fix: str, path: str | None = None) -> None:
     """A DataError naming the `wanted` columns a split lacks, the columns it has, and `fix`; or the `wanted`
     columns whose rows mix value types (datasets reads such a JSON column as its `Json` feature, untyped), with

@@ -12,7 +12,15 @@ from pathlib import Path
 from datasets import ClassLabel, DatasetDict
 from omegaconf import DictConfig
 
-from ampft.data.load import check_columns, check_empty_texts, load_file, load_splits, split_files, where
+from ampft.data.load import (
+    check_columns,
+    check_empty_texts,
+    load_file,
+    load_splits,
+    numbered,
+    split_files,
+    where,
+)
 from ampft.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -41,9 +49,8 @@ def load_raw(task: DictConfig) -> DatasetDict:
 
 def _rows(task: DictConfig, split: str, indices: list[int]) -> str:
     """Rows by number from 1; the file line too for csv/tsv (one header line, no blank or multi-line rows)."""
-    shown = ", ".join(str(i + 1) for i in indices[:8]) + (f" and {len(indices) - 8} more" if len(indices) > 8 else "")
     lines = Path(split_files(task).get(split, "")).suffix.lower() in (".csv", ".tsv")
-    return f"row(s) {shown}" + (" (file line = row + 1, after the header)" if lines else "")
+    return f"row(s) {numbered(indices)}" + (" (file line = row + 1, after the header)" if lines else "")
 
 
 def _is_blank(v) -> bool:

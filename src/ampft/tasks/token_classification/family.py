@@ -21,7 +21,7 @@ from transformers import (
 )
 
 from ampft.config import SeqevalMode, TagScheme
-from ampft.data.load import PREDICT, DataError, check_columns, load_splits, read_checked, where
+from ampft.data.load import PREDICT, DataError, check_columns, load_splits, numbered, read_checked, where
 from ampft.tasks.base import Family, column_names_unread, gather, register, rows
 from ampft.tasks.token_classification import conll, seqeval
 
@@ -69,13 +69,13 @@ class TokenClassification(Family):
         if not_iob:  # found now, not at the first evaluation
             raise DataError(f"task={task.name}: tags {not_iob[:10]} are not IOB tags (O, B-<type>, I-<type>), which "
                             "entity scoring reads (task.tag_scheme=IOB1|IOB2); convert the data (e.g. IOBES to IOB2)")
+        known = set(labels)
         for split, ds in raw.items():  # tags outside task.labels: named with their file and sentences now
             gold = ds["tags"]
-            if bad := [i for i, tags in enumerate(gold) if not set(labels).issuperset(tags)]:
-                unknown = sorted({t for i in bad for t in gold[i]} - set(labels))
-                shown = ", ".join(str(i + 1) for i in bad[:8]) + (f" and {len(bad) - 8} more" if len(bad) > 8 else "")
+            if bad := [i for i, tags in enumerate(gold) if not known.issuperset(tags)]:
+                unknown = sorted({t for i in bad for t in gold[i]} - known)
                 raise DataError(f"{where(task, split)}: tag(s) {unknown[:10]} not in the label list {labels}, in "
-                                f"sentence(s) {shown} (counted from 1). Fix the data, or set task.labels=[...] to "
+                                f"sentence(s) {numbered(bad)} (counted from 1). Fix the data, or set task.labels=[...] to "
                                 "every tag in id order")
         return raw, labels
 
