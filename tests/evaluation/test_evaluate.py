@@ -89,6 +89,15 @@ def test_another_local_file_with_the_run_labels(trained, tmp_path_factory):
     out = _evaluate(run=str(run_dir), file=str(other))
     assert out["samples"] == 3 and set(out["metrics"]) == {"accuracy", "f1", "loss"}
     assert (run_dir / "evaluations" / "final_reviews" / "eval.json").is_file()
+    # Another file of the same name keeps the first one's evaluation; a rerun of either replaces its own.
+    same_name = tmp_path_factory.mktemp("other") / "reviews.csv"
+    same_name.write_text("sentence,label\nthe screen is superb.,positive\n")
+    second = _evaluate(run=str(run_dir), file=str(same_name))
+    assert (second["name"], second["samples"]) == ("final_reviews-2", 1)
+    assert [_evaluate(run=str(run_dir), file=str(f))["name"] for f in (other, same_name)] == [
+        "final_reviews", "final_reviews-2"]
+    held = {p.parent.name: json.loads(p.read_text())["data"] for p in (run_dir / "evaluations").glob("*/eval.json")}
+    assert held == {"final_reviews": str(other), "final_reviews-2": str(same_name)}
 
 
 def test_real_sst2_dev_file(trained):

@@ -7,8 +7,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -67,7 +69,9 @@ def test_classification_rows_are_the_models_own_probabilities_in_file_order(fami
     out = _predict(run=str(run_dir), file=str(test))
     rows = _rows(out)
     assert _md5s(run_dir) == before  # the training run's files: not one byte changed
-    assert out["path"] == str(run_dir / "predictions" / "final_test") and out["samples"] == len(SENTENCES)
+    # Named by the file: another test.tsv predicted with this run before (the fixture is shared) took final_test.
+    assert re.fullmatch(str(run_dir / "predictions" / r"final_test(-\d+)?"), out["path"])
+    assert out["samples"] == len(SENTENCES)
     assert [r["index"] for r in rows] == list(range(len(SENTENCES)))
 
     tokenizer = AutoTokenizer.from_pretrained(run_dir / "model")
@@ -186,7 +190,7 @@ def test_glue_format_writes_the_servers_file_with_the_test_files_index(family_ru
     test.write_text("index\tsentence\n" + "".join(f"{100 + i}\t{s}\n" for i, s in enumerate(SENTENCES)))
     out = _predict(run=str(run_dir), file=str(test), format="glue")
     rows = _rows(out)
-    lines = (run_dir / "predictions" / "final_test" / "SST-2.tsv").read_text().splitlines()
+    lines = (Path(out["path"]) / "SST-2.tsv").read_text().splitlines()
     assert lines[0] == "index\tprediction" and len(lines) == len(SENTENCES) + 1
     ids = {"negative": "0", "positive": "1"}  # SST-2's server reads label ids
     assert lines[1:] == [f"{100 + i}\t{ids[r['label']]}" for i, r in enumerate(rows)]
@@ -231,13 +235,13 @@ def test_the_real_glue_test_files(family_run, tmp_path):
     """GLUE's SST-2 and RTE test files as distributed: every row predicted, the server's file complete."""
     sst2 = shared("sst2", "test.tsv")
     out = _predict(run=str(family_run("sst2")), file=str(sst2), format="glue")
-    lines = (family_run("sst2") / "predictions" / "final_test" / "SST-2.tsv").read_text().splitlines()
+    lines = (Path(out["path"]) / "SST-2.tsv").read_text().splitlines()
     assert out["samples"] == 1821 and lines[1:] == [f"{i}\t{v}" for i, v in
                                                     zip(range(1821), [x.split("\t")[1] for x in lines[1:]], strict=True)]
     assert {x.split("\t")[1] for x in lines[1:]} <= {"0", "1"}
     rte = shared("rte", "test.tsv")
     out = _predict(run=str(family_run("rte")), file=str(rte), format="glue")
-    lines = (family_run("rte") / "predictions" / "final_test" / "RTE.tsv").read_text().splitlines()
+    lines = (Path(out["path"]) / "RTE.tsv").read_text().splitlines()
     assert out["samples"] == 3000 == len(lines) - 1 and lines[1].startswith("0\t")
     assert {x.split("\t")[1] for x in lines[1:]} <= {"entailment", "not_entailment"}
 
@@ -318,7 +322,8 @@ def test_make_predict_as_the_readme_types_it(family_run, tmp_path):
     proc = make(f"file={test}", "format=glue")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "2 predictions" in proc.stdout and "SST-2.tsv" in proc.stdout
-    assert (run_dir / "predictions" / "final_test" / "SST-2.tsv").read_text().startswith("index\tprediction\n0\t")
+    written = Path(proc.stdout.split(" -> ")[-1].split("/predictions.jsonl")[0])  # the folder the recipe names
+    assert (written / "SST-2.tsv").read_text().startswith("index\tprediction\n0\t")
 
     reviews = tmp_path / "reviews.csv"
     reviews.write_text("id,review\n0,superb\n1,the case felt flimsy and it broke within a week\n2,ok\n")

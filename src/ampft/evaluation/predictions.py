@@ -76,8 +76,8 @@ def predict_saved(e: DictConfig) -> dict[str, Any]:
                samples=len(rows), seconds=seconds, files=["predictions.jsonl", *([glue_file] if glue_file else [])])
     if accelerator.is_main_process:
         if out_dir.exists():
-            log.warning("replacing the earlier predictions in %s (named by the weights, the file's name, "
-                        "precision= and batch_size=; name=NAME keeps both)", out_dir)
+            log.warning("replacing the earlier predictions in %s, of the same weights, file, precision= and "
+                        "batch_size= (name=NAME keeps both)", out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
         with (out_dir / "predictions.jsonl").open("w") as f:
             f.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)

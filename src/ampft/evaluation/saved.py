@@ -5,6 +5,7 @@ saved run is opened, for `make evaluate` and `make predict`."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import logging
 import re
@@ -80,7 +81,9 @@ class SavedRun:
         return accelerator, ran, tokenizer, model
 
     def output_dir(self, e: DictConfig, under: str) -> Path:
-        """RUN_DIR/<under>/<name>, `name=` or one made of the weights, data and overrides (a rerun replaces it)."""
+        """RUN_DIR/<under>/<name>, `name=` or one made of the weights, data and overrides: a rerun replaces it,
+        another file of the same name gets the name with `-2`, `-3`, ... (what each folder holds is in its record).
+        """
         if e.name is not None:
             if not re.fullmatch(r"[\w.=+-]+", str(e.name)) or str(e.name) in (".", ".."):
                 raise EvaluationError(f"name={e.name}: use letters, digits and . _ - = + only (it names a folder "
@@ -91,7 +94,18 @@ class SavedRun:
             parts.append(f"precision-{e.precision}")
         if e.batch_size is not None:
             parts.append(f"batch-{e.batch_size}")
-        return self.run_dir / under / re.sub(r"[^\w.=+-]", "_", "_".join(parts))
+        base = self.run_dir / under / re.sub(r"[^\w.=+-]", "_", "_".join(parts))
+        record, key = ("eval.json", "data") if under == "evaluations" else ("predict.json", "file")
+        for n in itertools.count(1):
+            out = base.with_name(base.name if n == 1 else f"{base.name}-{n}")
+            try:
+                held = Path(json.loads((out / record).read_text())[key]).resolve()
+            except (OSError, ValueError, KeyError, TypeError):
+                held = None  # a new folder, or one whose writing was cut short
+            if not e.file or held is None or held == Path(e.file).resolve():
+                if n > 1:
+                    log.info("%s holds another file's output: this one goes to %s", base, out)
+                return out
 
 
 def check_weights(missing: list[str], unexpected: list[str], where: str) -> None:
@@ -185,8 +199,8 @@ def evaluate_saved(e: DictConfig) -> dict[str, Any]:
     model, eval_dl, *extra_dls = accelerator.prepare(model, eval_dl, *extra_dls)
     if accelerator.is_main_process:
         if out_dir.exists():
-            log.warning("replacing the earlier evaluation in %s (named by the weights, the data's file name or "
-                        "split, precision= and batch_size=; name=NAME keeps both)", out_dir)
+            log.warning("replacing the earlier evaluation in %s, of the same weights, data, precision= and "
+                        "batch_size= (name=NAME keeps both)", out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
     accelerator.wait_for_everyone()
     started = time.perf_counter()
