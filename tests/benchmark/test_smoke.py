@@ -147,3 +147,23 @@ def test_prediction_next_to_each_speed_arm(smoke):
     predicted = r["speed"]["predicted"]
     assert set(predicted) == {"fp32", "bf16"} and all(p["step_seconds"] > 0 for p in predicted.values())
     assert "Predicted by `make estimate`" in (out / "report.md").read_text()
+
+
+@pytest.mark.parametrize("kind", ["ner", "squad", "stsb"])
+def test_speed_mode_trains_each_task_family_on_targets_of_its_shape(kind, tmp_path):
+    """A label per token (NER), answer positions (QA), a value (regression): synthetic batches in the family's
+    shapes, so the benchmark measures any task, as the fine-tuning it predicts would run."""
+    from tests.helpers import compose_config, family_files, family_run_overrides
+
+    overrides = family_run_overrides(kind, family_files(tmp_path / "data"))
+    name, task = next(o for o in overrides if o.startswith("task=")), [o for o in overrides if o.startswith("task.")]
+    b = compose_config("benchmark_recipe", [
+        "benchmark.model=tiny-bert", f"benchmark.{name}", "benchmark.seq_len=48", "benchmark.batch_size=4",
+        "benchmark.modes=[speed]", "benchmark.speed.warmup_steps=1", "benchmark.speed.timed_steps=2",
+        "benchmark.sweep.batch_sizes=[4]", 'benchmark.arms=[{name:fp32,overrides:["precision=fp32"]}]',
+        "benchmark.budget_minutes=null", "benchmark.extra=[" + ",".join(f'"{o}"' for o in task) + "]"]).benchmark
+    run_benchmark(b, tmp_path / "bench")
+    (raw,) = json.loads((tmp_path / "bench" / "results.json").read_text())["speed"]["raw"]
+    assert len(raw["step_seconds"]) == 2 and all(finite_positive(s) for s in raw["step_seconds"])
+    assert len(raw["losses"]) == 3 and all(math.isfinite(x) and x > 0 for x in raw["losses"])
+    assert [p["fits"] for p in raw["sweep"]] == [True]

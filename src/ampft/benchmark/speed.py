@@ -25,22 +25,30 @@ from ampft.benchmark.config import BenchmarkConfigError
 from ampft.benchmark.flops import model_flops_per_token
 from ampft.engine import Training, train_step
 from ampft.finetune import build, reset_accelerate
+from ampft.tasks.base import Family
 from ampft.tracking import peak_memory_bytes
 
 log = logging.getLogger(__name__)
 
 
-def synthetic_batches(n: int, batch_size: int, seq_len: int, vocab_size: int, num_labels: int, seed: int,
-                      device: torch.device, token_type_ids: bool = True, regression: bool = False) -> list[dict]:
-    """n batches of random ids (from the ordinary vocabulary range), deterministic in `seed`."""
+def synthetic_batches(n: int, batch_size: int, seq_len: int, vocab_size: int, family: Family, num_labels: int,
+                      seed: int, device: torch.device, token_type_ids: bool = True) -> list[dict]:
+    """n batches of random ids (from the ordinary vocabulary range) and random targets in the task family's shapes
+    (a label per sequence or per token, a value, answer positions), deterministic in `seed`."""
     g = torch.Generator().manual_seed(seed)
     low = 1000 if vocab_size > 2000 else 1  # above BERT's [PAD]/[unused]/special ids
     ones = torch.ones(batch_size, seq_len, dtype=torch.long)
-    batches = [dict(input_ids=torch.randint(low, vocab_size, (batch_size, seq_len), generator=g), attention_mask=ones,
-                    labels=torch.rand(batch_size, generator=g) if regression
-                    else torch.randint(0, num_labels, (batch_size,), generator=g),
-                    **({"token_type_ids": torch.zeros_like(ones)} if token_type_ids else {})) for _ in range(n)]
-    return [{k: v.to(device) for k, v in b.items()} for b in batches]
+    targets = family.fake_targets(batch_size, seq_len)  # zeros in the loss's shapes and dtypes
+    high = dict(labels=num_labels)  # answer positions: anywhere in the sequence
+
+    def batch() -> dict:
+        ids = torch.randint(low, vocab_size, (batch_size, seq_len), generator=g)
+        return dict(input_ids=ids, attention_mask=ones, **{
+            k: torch.rand(t.shape, generator=g) if t.is_floating_point()
+            else torch.randint(0, high.get(k, seq_len), t.shape, generator=g) for k, t in targets.items()},
+            **({"token_type_ids": torch.zeros_like(ones)} if token_type_ids else {}))
+
+    return [{k: v.to(device) for k, v in batch().items()} for _ in range(n)]
 
 
 # --- memory ---------------------------------------------------------------------------------------
@@ -170,9 +178,9 @@ def measure_arm(cfg: DictConfig, run_dir: Path, warmup_steps: int, timed_steps: 
         model = acc.unwrap_model(training.model)
         requested, bs, seq_len = cfg.precision.name.value, int(cfg.trainer.batch_size), int(cfg.task.max_length)
         make_batches = functools.partial(  # (n, batch_size) -> batches
-            synthetic_batches, seq_len=seq_len, vocab_size=model.config.vocab_size, num_labels=model.config.num_labels,
-            seed=seed, device=device, token_type_ids="token_type_ids" in inspect.signature(model.forward).parameters,
-            regression=model.config.problem_type == "regression")
+            synthetic_batches, seq_len=seq_len, vocab_size=model.config.vocab_size, family=training.family,
+            num_labels=model.config.num_labels, seed=seed, device=device,
+            token_type_ids="token_type_ids" in inspect.signature(model.forward).parameters)
         training.model.train()
         free(device)
         head = dict(precision=ran_precision, precision_requested=requested, batch_size=bs, seq_len=seq_len,
