@@ -460,3 +460,25 @@ def test_the_saved_reports_are_what_their_results_render():
         assert again["accuracy"]["arms"] == res["accuracy"]["arms"], path
         md = (path.parent / "report.md").read_text()
         assert render(res, re.findall(r"\]\(([a-z_]+\.png)\)", md)) == md, path
+
+
+def test_percent_scores_are_points_as_they_are_however_small(tmp_path):
+    """seqeval's and SQuAD's scores are percent (`Family.scores_in_percent`): an F1 of 0.5 is half a point, not
+    50 points as a GLUE fraction would be; so the paired differences of an early NER run are the scores'."""
+    from tests.helpers import family_files
+
+    ner = family_files(tmp_path)["ner.txt"]
+    b = compose_config("benchmark_recipe", [
+        "benchmark.modes=[accuracy]", "benchmark.model=tiny-bert", "benchmark.task=conll2003",
+        "benchmark.accuracy.seeds=[1,2]", "benchmark.budget_minutes=null", "benchmark.baseline=fp32",
+        f'benchmark.extra=["task.train_file={ner}", "task.validation_file={ner}"]',
+        'benchmark.arms=[{name: fp32, overrides: ["precision=fp32"]}, {name: bf16, overrides: ["precision=bf16"]}]',
+        "benchmark.accuracy.reference=[fp32]"]).benchmark
+    f1 = {("fp32", 1): 0.5, ("fp32", 2): 2.0, ("bf16", 1): 0.6, ("bf16", 2): 1.8}
+    runs = [dict(_run(arm, 10.0, f1[arm, seed], precision=arm, seed=seed), main_metric="f1")
+            for seed in (1, 2) for arm in ("fp32", "bf16")]
+    acc = summarize_accuracy(b, runs, _env(), check(b))
+    (check_,) = acc["checks"]
+    assert check_["per_seed"] == pytest.approx([0.1, -0.2]) and check_["within"]
+    (gain,) = acc["precision_gains"]
+    assert gain["metric_difference_per_seed"] == pytest.approx([0.1, -0.2])

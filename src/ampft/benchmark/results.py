@@ -14,6 +14,7 @@ from ampft.benchmark import flops, stats
 from ampft.benchmark.config import BenchmarkConfig, Mode, Runner, arms_for, check
 from ampft.config import Precision
 from ampft.devices import HF_ANCHOR, MEMORY_CLAIM, NVIDIA_ANCHOR, SLACK, TENSOR_CORE_SPEEDUP, TIME_CLAIM
+from ampft.tasks import family_for
 
 REPRODUCED, NOT_REPRODUCED, NOT_CHECKED = "reproduced", "did not reproduce", "not checked"
 MIXED = ("fp16", "bf16")
@@ -55,16 +56,17 @@ def add_speed_ratios(arms: list[dict], baseline: str) -> None:
 
 # --- accuracy ---------------------------------------------------------------------------------------
 
-def _points(value: float | None) -> float | None:
-    """Metrics in [0, 1] (GLUE's fractions) as percentage points; others as they are."""
-    return None if value is None else (100 * value if abs(value) <= 1 else value)
+def _points(value: float | None, scale: float) -> float | None:
+    """A metric as percentage points: scale 100 for fractions (GLUE's), 1 for a family's percent scores
+    (`Family.scores_in_percent`: seqeval, SQuAD), whatever the value (an F1 of 0.5% is half a point)."""
+    return None if value is None else scale * value
 
 
-def _paired(a: dict, b: dict) -> list[tuple[float, float]]:
+def _paired(a: dict, b: dict, scale: float) -> list[tuple[float, float]]:
     """(a's metric, b's) in points for each seed both arms have a metric for (a diverged or missing run has
     none); `metric_per_seed` follows benchmark.accuracy.seeds."""
-    return [(_points(x), _points(y)) for x, y in zip(a["metric_per_seed"], b["metric_per_seed"], strict=True)
-            if x is not None and y is not None]
+    return [(_points(x, scale), _points(y, scale)) for x, y in zip(a["metric_per_seed"], b["metric_per_seed"],
+                                                                   strict=True) if x is not None and y is not None]
 
 
 def _if_any(f, values: list[float]):
@@ -77,8 +79,11 @@ def _median_of(rows: list[dict], key: str) -> float | None:
 
 def summarize_accuracy(b: DictConfig | dict, runs: list[dict], env: dict, cfgs: dict | None = None) -> dict:
     """Per arm over its seeds, and the comparison's checks (module docstring). `cfgs` (`config.check`'s) finds
-    the precision twins; without it there are no precision gains."""
+    the precision twins and the task's family (whether its metric is a fraction or percent); without it there are
+    no precision gains and the metric is taken as a fraction (sequence classification's)."""
     b = OmegaConf.merge(OmegaConf.structured(BenchmarkConfig), b)
+    task = next((c.task for (mode, *_), c in (cfgs or {}).items() if mode == Mode.accuracy.value), None)
+    scale = 1.0 if task is not None and family_for(task.family).scores_in_percent else 100.0
     measured = [(a, rs) for a in arms_for(b, Mode.accuracy) if (rs := [r for r in runs if r["arm"] == a.name])]
     baseline, seeds = b.baseline, b.accuracy.seeds
     base_runs = next((rs for a, rs in measured if a.name == baseline), [])
@@ -131,8 +136,8 @@ def summarize_accuracy(b: DictConfig | dict, runs: list[dict], env: dict, cfgs: 
                for t in b.targets if t.arm in arms and t.over in arms]
     references = [r for r in (list(b.accuracy.reference) or trainers) if r in arms]
     checks = [paired_accuracy(pairs, b.accuracy.tolerance) | dict(arm=n, reference=ref)
-              for ref in references for n in arms if n != ref and (pairs := _paired(arms[n], arms[ref]))]
-    gains, versus = precision_gains(arms, precision_pairs(b, cfgs, list(arms))) if cfgs else ([], [])
+              for ref in references for n in arms if n != ref and (pairs := _paired(arms[n], arms[ref], scale))]
+    gains, versus = precision_gains(arms, precision_pairs(b, cfgs, list(arms)), scale) if cfgs else ([], [])
     return dict(runs=runs, arms=list(arms.values()), targets=targets, checks=checks,
                 tolerance=b.accuracy.tolerance, precision_gains=gains, by_precision=versus)
 
@@ -163,14 +168,15 @@ def precision_pairs(b: DictConfig, cfgs: dict, names: list[str]) -> list[tuple[s
             and (twin := next((f for f, f32, r in arms if f32 and r == rest), None)) is not None]
 
 
-def precision_gains(arms: dict[str, dict], pairs: list[tuple[str, str]]) -> tuple[list[dict], list[dict]]:
+def precision_gains(arms: dict[str, dict], pairs: list[tuple[str, str]],
+                    scale: float = 100.0) -> tuple[list[dict], list[dict]]:
     """Each (fp32, arm) pair's samples/s ratio and mean per-seed metric difference (points); and, for each
     Trainer pair and ampft pair of one precision, the ratio of their gains."""
     gains = [dict(runner=arms[arm]["runner"], fp32=base, arm=arm, precision=arms[arm]["precision"],
                   ratio=arms[arm]["samples_per_second"] / arms[base]["samples_per_second"],
                   metric_difference=mean(d), metric_difference_per_seed=d)
              for base, arm in pairs if arms[arm]["samples_per_second"] and arms[base]["samples_per_second"]
-             and (d := [x - y for x, y in _paired(arms[arm], arms[base])])]
+             and (d := [x - y for x, y in _paired(arms[arm], arms[base], scale)])]
     versus = [dict(precision=t["precision"], trainer=t["arm"], trainer_fp32=t["fp32"], ampft=a["arm"],
                    ampft_fp32=a["fp32"], trainer_gain=t["ratio"], ampft_gain=a["ratio"], gain_ratio=a["ratio"] / t["ratio"],
                    gain_at_least_trainer=a["ratio"] >= t["ratio"])
