@@ -482,3 +482,16 @@ def test_percent_scores_are_points_as_they_are_however_small(tmp_path):
     assert check_["per_seed"] == pytest.approx([0.1, -0.2]) and check_["within"]
     (gain,) = acc["precision_gains"]
     assert gain["metric_difference_per_seed"] == pytest.approx([0.1, -0.2])
+
+
+def test_combine_leaves_out_an_arm_that_takes_no_part_in_accuracy_mode(tmp_path, monkeypatch):
+    """An arm with `modes: [speed]` has no accuracy runs in any directory: it is no arm missing a seed."""
+    from ampft.benchmark.combine import combine
+
+    arms = ARMS[:-1] + ', {name: fp16, runner: ampft, overrides: ["precision=fp16"], modes: [speed]}]'
+    _fake(monkeypatch, [1], arms, tmp_path / "s1")
+    _fake(monkeypatch, [2], arms, tmp_path / "s2")
+    combine([tmp_path / "s1", tmp_path / "s2"], tmp_path / "all")
+    combined = json.loads((tmp_path / "all" / "results.json").read_text())
+    assert [a["arm"] for a in combined["accuracy"]["arms"]] == ["trainer", "ampft", "ampft-bf16"]
+    assert combined["benchmark"]["accuracy"]["seeds"] == [1, 2]

@@ -74,7 +74,9 @@ def combine(run_dirs: list[str | Path], out_dir: str | Path, command: str | None
                 problems.append(f"arm {r['arm']} seed {r['seed']}: {runs[key]['eval']} in {runs[key]['source']}, "
                                 f"{r['eval']} in {d}: the same run gave another result (other code or data?)")
     seeds = sorted({s for _, s in runs})
-    for name in arms:
+    # the arms of accuracy mode (an arm with modes: [speed] has no runs to pair)
+    measured = [n for n, (arm, _) in arms.items() if arm.get("modes") is None or "accuracy" in arm["modes"]]
+    for name in measured:
         if missing := [s for s in seeds if (name, s) not in runs]:
             problems.append(f"arm {name} has no run for seed(s) {missing}: every arm needs every seed (the "
                             "differences are paired by seed); run them, or leave out the directories that add them")
@@ -92,7 +94,7 @@ def combine(run_dirs: list[str | Path], out_dir: str | Path, command: str | None
                date=", ".join(dict.fromkeys(old["environment"]["date"] for old in olds)),
                load_average=max((old["environment"].get("load_average") or 0.0) for old in olds))
     res = resummarize(dict(benchmark=b, environment=env, command=command, speed=None,
-                           accuracy=dict(runs=[runs[(a, s)] for a in arms for s in seeds])))
+                           accuracy=dict(runs=[runs[(a, s)] for a in measured for s in seeds])))
     res["sources"] = [dict(dir=str(d), command=old["command"], arms=[a["name"] for a in old["benchmark"]["arms"]],
                            seeds=sorted({r["seed"] for r in old["accuracy"]["runs"]})) for d, old in zip(dirs, olds, strict=True)]
     return write_outputs(res, out_dir)
