@@ -103,3 +103,13 @@ def test_seq_len_is_checked_against_the_model_by_validate_alone(compose_benchmar
     # Relative positions (DeBERTa's position_biased_input=false) have no such limit: accepted.
     b = compose_benchmark([*common, "benchmark.overrides=[\"logging=none\",\"+model.arch.position_biased_input=false\"]"])
     assert {cfg.task.max_length for cfg in check(b.benchmark).values()} == {600}
+
+
+def test_profile_steps_without_isolated_runs_is_refused_not_ignored(compose_benchmark):
+    """Only runs in their own process are profiled: cpu-smoke's in-process ampft arms would get no profile and
+    no word about it."""
+    tiny = ["benchmark.model=tiny-bert", "benchmark.accuracy.profile_steps=20"]
+    with pytest.raises(BenchmarkConfigError, match=r"profile_steps=20 profiles the runs that have their own process: "
+                                                   r"add benchmark.accuracy.isolate=true"):
+        check(compose_benchmark(tiny).benchmark)
+    check(compose_benchmark([*tiny, "benchmark.accuracy.isolate=true"]).benchmark)

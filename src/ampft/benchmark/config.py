@@ -190,6 +190,10 @@ def check(b: DictConfig, conf_dir: Path = CONF_DIR) -> dict[tuple[str, str, int 
         (ref_unknown, f"benchmark.accuracy.reference has {ref_unknown}: not arms ({names})"),
         (b.accuracy.profile_steps < 0, f"benchmark.accuracy.profile_steps={b.accuracy.profile_steps}: give 0 (no "
                                        "profiling) or a number of steps, e.g. 20"),
+        (acc and b.accuracy.profile_steps > 0 and not b.accuracy.isolate
+         and any(a.runner == Runner.ampft for a in arms_for(b, Mode.accuracy)),
+         f"benchmark.accuracy.profile_steps={b.accuracy.profile_steps} profiles the runs that have their own process: "
+         "add benchmark.accuracy.isolate=true, or ampft's arms train in this process unprofiled"),
         (names and b.baseline not in names, f"benchmark.baseline={b.baseline} is not an arm: choose one of {names}"),
         *((OmegaConf.select(b, key) < least, f"benchmark.{key}={OmegaConf.select(b, key)}: must be >= {least}{why}")
           for key, least, why in _AT_LEAST if speed or not key.startswith(("speed.", "sweep."))),
