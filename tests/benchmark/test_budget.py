@@ -83,6 +83,29 @@ def test_first_accuracy_run_is_bounded_from_the_speed_step(cpu_smoke_run):
     assert "the first accuracy run (fp32, 32 steps of 32 x up to 128 tokens) could take up to ~50 s" in cut["reason"]
 
 
+def test_first_run_bound_scales_from_the_batch_the_baseline_was_timed_at(compose_benchmark, monkeypatch):
+    """A baseline arm with its own trainer.batch_size: its speed-mode step is of that batch, not benchmark.batch_size's."""
+    monkeypatch.setattr(runner, "CLOCK", lambda: 0.0)
+    b = compose_benchmark(['benchmark.arms=[{name: fp32, overrides: ["precision=fp32", "trainer.batch_size=4"]}, '
+                           '{name: bf16, overrides: ["precision=bf16"]}]']).benchmark
+    run = runner._Run(b, check(b), dict(device_type="cpu", device_name="AMD EPYC", cpu_features=[]), runner.Budget(5))
+    run.steps["fp32"] = 0.2  # a step of 4 x 128 tokens, as are accuracy mode's (the arm's override comes last)
+    seconds, what = runner._first_run_bound(run, run.cfgs[("accuracy", "fp32", 1)])
+    assert what == "256 steps of 4 x up to 128 tokens" and seconds == pytest.approx(256 * 0.2)
+
+
+
+def test_a_skipped_speed_arm_names_the_batch_of_its_own_pilot_steps(compose_benchmark, monkeypatch, tmp_path):
+    b = compose_benchmark(['benchmark.arms=[{name: fp32, overrides: ["precision=fp32"]}, '
+                           '{name: bf16, overrides: ["precision=bf16", "trainer.batch_size=64"]}]']).benchmark
+    run = runner._Run(b, check(b), dict(device_type="cpu", device_name="AMD EPYC", cpu_features=[]), runner.Budget(5))
+    monkeypatch.setattr(runner, "measure_arm", lambda cfg, *a, **k: dict(
+        batch_size=cfg.trainer.batch_size, pilot_step_seconds=9.0, projected_step_seconds=36.0, skipped=True))
+    monkeypatch.setattr(runner, "predict_arms", lambda *a: {})
+    runner._speed_mode(run, [b.arms[1]], tmp_path)
+    assert run.budget.cuts[0]["detail"] == "pilot steps only (9.00 s a step at batch 16)"  # a quarter of 64, not of 16
+
+
 def test_budget_records_cuts_against_its_clock(monkeypatch):
     now = [100.0]
     monkeypatch.setattr(runner, "CLOCK", lambda: now[0])

@@ -145,7 +145,7 @@ def _speed_mode(run: _Run, arms: list[DictConfig], out_dir: Path) -> dict:
         budget_left = f"{fmt_seconds(share)} of speed mode's budget for this arm"
         if r.get("skipped"):
             run.budget.cut(arm.name, "speed", "skipped", f"pilot steps only ({r['pilot_step_seconds']:.2f} s a step "
-                           f"at batch {max(1, b.batch_size // 4)})", f"{run.slower(arm.name)} in its pilot steps: "
+                           f"at batch {max(1, r['batch_size'] // 4)})", f"{run.slower(arm.name)} in its pilot steps: "
                            f"{run.steps[arm.name]:.2f} s a full step, so not even its warm-up and two timed steps fit "
                            f"in the {budget_left}")
             continue
@@ -247,7 +247,8 @@ def _first_run_bound(run: _Run, cfg: DictConfig) -> tuple[float, str] | None:
     steps = int(tr.max_steps) if tr.max_steps > 0 else math.ceil(
         math.ceil(samples / tr.batch_size) / tr.grad_accum * tr.epochs)
     rows = tr.batch_size * tr.grad_accum
-    per_step = step * rows * cfg.task.max_length / (run.b.batch_size * run.b.seq_len)
+    timed = run.cfgs[(Mode.speed.value, run.b.baseline, None)]  # the shape its step was timed at (its own overrides')
+    per_step = step * rows * cfg.task.max_length / (timed.trainer.batch_size * timed.task.max_length)
     return steps * per_step, f"{steps} steps of {rows} x up to {cfg.task.max_length} tokens"
 
 
