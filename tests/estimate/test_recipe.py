@@ -80,3 +80,17 @@ def test_every_task_family_traces_with_its_own_head_and_targets(task):
     step = trace_all(cfg, ["fp32"], "cpu")[0]["fp32"]
     # backward ran from the head's loss: an fp32 gradient for every trainable parameter
     assert step.gradients == 4 * step.trainable_params and step.saved_activations > 0 and step.flops > 0
+
+
+@pytest.mark.parametrize("task", ["demo", "stsb"])
+def test_deberta_sequence_classification_traces(task):
+    """DeBERTa-v2's classification loss picks its labelled rows with nonzero() unless the config names the problem:
+    a shape no fake tensor has, so `make estimate model=deberta-v3-base` crashed with a traceback."""
+    from ampft.estimate.run import trace_all
+
+    small = ["model.arch.hidden_size=64", "model.arch.num_hidden_layers=2", "model.arch.num_attention_heads=4",
+             "model.arch.intermediate_size=128"]
+    cfg = compose_config("estimate", ["model=deberta-v3-base", *small, f"task={task}", "trainer.batch_size=4",
+                                      "task.max_length=32"])
+    step = trace_all(cfg, ["fp32"], "cuda")[0]["fp32"]
+    assert step.gradients == 4 * step.trainable_params and step.flops > 0

@@ -48,6 +48,10 @@ def trace_all(cfg: DictConfig, precisions: list[str], target: str) -> tuple[dict
     with (mode := fake_mode()):
         model = build_model(m, tokenizer, labels, family, Precision.fp32, torch.device("cpu"))
         batch = fake_batch(family, int(cfg.trainer.batch_size), int(cfg.task.max_length), model.config.vocab_size)
+    if model.config.problem_type is None and model.config.num_labels > 1 and cfg.task.family == "classification":
+        # What BERT's forward sets from integer labels. Without it DeBERTa-v2 picks the labelled rows with nonzero(),
+        # whose shape depends on the values: a fake tensor has none (the same loss on real labels, all >= 0).
+        model.config.problem_type = "single_label_classification"
     if model.config._attn_implementation != "sdpa":
         notes.append(f"attention traced as {model.config._attn_implementation}")
     elif target == "cuda" and cfg.model.attn_implementation == "auto":
