@@ -210,5 +210,5 @@ def enable_gradient_checkpointing(model: PreTrainedModel, name: str) -> None:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-    if not model.config.is_decoder:  # an encoder caches nothing; transformers would warn that it turns use_cache off
+    if not getattr(model.config, "is_decoder", False):  # an encoder caches nothing; transformers would warn that it turns use_cache off
         model.config.use_cache = False

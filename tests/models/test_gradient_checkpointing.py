@@ -143,3 +143,15 @@ def test_resumed_with_checkpointing_switched_on_continues_exactly(tiny, tmp_path
                        f"checkpoint.resume={tmp_path / 'checkpoints' / 'step_4'}"), tmp_path)
     assert summary["gradient_checkpointing"] and summary["steps"] == 8
     assert _losses(tmp_path) == reference
+
+
+@pytest.mark.parametrize("arch", [["model=distilbert", "model.arch.dim=64", "model.arch.n_layers=2", "model.arch.n_heads=4",
+                                   "model.arch.hidden_dim=128"],
+                                  ["model=deberta-v3-base", "model.arch.hidden_size=64", "model.arch.num_hidden_layers=2",
+                                   "model.arch.num_attention_heads=4", "model.arch.intermediate_size=128"]])
+def test_models_whose_config_has_no_is_decoder_build_checkpointed(compose, arch):
+    """DistilBERT's and DeBERTa-v2's configs have no `is_decoder` (transformers 5): building them with checkpointing
+    (finetune, benchmark, estimate) raised AttributeError."""
+    cfg = compose([*arch, "model.pretrained=false", "model.gradient_checkpointing=true"])
+    model = build_model(cfg.model, load_tokenizer(cfg.model), ["negative", "positive"], family_for(cfg.task.family))
+    assert model.is_gradient_checkpointing and model.config.use_cache is False
