@@ -210,5 +210,7 @@ def enable_gradient_checkpointing(model: PreTrainedModel, name: str) -> None:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-    if not getattr(model.config, "is_decoder", False):  # an encoder caches nothing; transformers would warn that it turns use_cache off
+    # An encoder caches nothing; transformers would warn that it turns use_cache off (distilbert's and
+    # deberta-v2's configs have no is_decoder).
+    if not getattr(model.config, "is_decoder", False):
         model.config.use_cache = False
