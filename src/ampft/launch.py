@@ -157,7 +157,10 @@ def main(argv: list[str]) -> None:
     dry_run = "--dry-run" in argv
     overrides = [a for a in argv if a != "--dry-run"]
     if any(a.startswith("-") for a in overrides):  # Hydra flags (-m, --cfg, ...): the recipe handles them
-        os.execv(sys.executable, [sys.executable, RECIPE, *overrides])
+        # Overrides first, the flags (with their values) after them: Hydra's parser takes its overrides in one
+        # run, so `a=1 -m b=2` (make finetune a=1 ARGS="-m b=2") would leave b=2 unrecognized.
+        first = [a for a in overrides if not a.startswith("-") and ("=" in a or a.startswith("~"))]
+        os.execv(sys.executable, [sys.executable, RECIPE, *first, *[a for a in overrides if a not in first]])
     from ampft.validation import validate
 
     composed = compose(overrides, with_hydra=True)

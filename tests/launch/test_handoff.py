@@ -79,3 +79,25 @@ def test_make_finetune_validates_once(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (proc.stdout + proc.stderr).count(said) == 1
     assert (tmp_path / "summary.json").is_file()
+
+
+def test_hydra_flags_from_make_args_reach_the_recipe_in_an_order_hydra_parses(monkeypatch):
+    """`make finetune model=tiny-bert ARGS="-m precision=fp32,bf16"` puts the ARGS words last: the launcher hands
+    the recipe its overrides before the flags, or Hydra's parser would reject `precision=fp32,bf16`."""
+    from hydra._internal.utils import get_args_parser
+
+    execed = []
+
+    def execv(path, argv):  # replaces the process: nothing after it runs
+        execed.append(argv)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(os, "execv", execv)
+    with pytest.raises(SystemExit):
+        launch.main(["model=tiny-bert", "trainer.max_steps=2", "-m", "precision=fp32,bf16", "--config-name",
+                     "finetune"])
+    argv = execed[0][2:]
+    assert execed[0][1] == launch.RECIPE
+    args = get_args_parser().parse_args(argv)  # argparse exits on an argument it cannot place
+    assert args.multirun and args.config_name == "finetune"
+    assert args.overrides == ["model=tiny-bert", "trainer.max_steps=2", "precision=fp32,bf16"]
