@@ -11,6 +11,7 @@ import json
 import logging
 import math
 import os
+import shlex
 import socket
 import time
 import uuid
@@ -451,8 +452,8 @@ def _command(run_dir: Path) -> str | None:
     overrides = run_dir / ".hydra" / "overrides.yaml"
     if not overrides.is_file():
         return None
-    args = [a for a in OmegaConf.load(overrides) if not str(a).startswith("hydra.")]
-    return " ".join(["python recipes/finetune.py", *map(str, args)])
+    args = [str(a) for a in OmegaConf.load(overrides) if not str(a).startswith("hydra.")]
+    return shlex.join(["python", "recipes/finetune.py", *args])  # as a shell reads it: [0.9, 0.98] is one word
 
 
 def _base_model(m: DictConfig) -> str | None:

@@ -114,3 +114,16 @@ def test_hub_ids_and_hub_datasets_are_in_the_metadata_local_sources_are_not(fami
     ner = card("task=conll2003", eval={"f1": 50.0, "PER/f1": 40.0})
     assert {(r.dataset_split, r.metric_type) for r in ner.eval_results} == {("validation", "f1"),
                                                                            ("validation", "PER/f1")}
+
+
+def test_the_recorded_command_is_the_overrides_as_a_shell_reads_them(tmp_path):
+    """The card's command, pasted into a shell, hands the recipe the overrides the run had: a value with a space,
+    brackets or quotes stays one word, its quotes Hydra's."""
+    import shlex
+
+    from ampft.finetune import _command
+
+    overrides = ["model=tiny-bert", "optim.betas=[0.9, 0.98]", 'task.name="my task"', "optim.lr=2e-4"]
+    (tmp_path / ".hydra").mkdir()
+    OmegaConf.save(OmegaConf.create([*overrides, "hydra.run.dir=x"]), tmp_path / ".hydra" / "overrides.yaml")
+    assert shlex.split(_command(tmp_path)) == ["python", "recipes/finetune.py", *overrides]
