@@ -186,6 +186,7 @@ def build(cfg: DictConfig, run_dir: Path, held: contextlib.ExitStack | None = No
         groups = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]  # as configured
         scaler_state = None if accelerator.scaler is None else accelerator.scaler.state_dict()
         state.load_state_dict(checkpointing.load(accelerator, resume, scheduler))
+        schedule_lr(optimizer, scheduler)  # trainer.max_steps (and so the warm-up) may have changed
         if changed:
             apply_changes(accelerator, optimizer, scheduler, cfg, changed, groups, scaler_state)
         continue_epoch(state, resume, cfg, accelerator.num_processes)
@@ -227,6 +228,16 @@ def apply_changes(accelerator: Accelerator, optimizer, scheduler, cfg: DictConfi
         scaler.load_state_dict(scaler_state)
     log.info("resumed with the config as given: lr %s (schedule step %d), loss scale %s", sched._last_lr[0],
              sched.last_epoch, None if scaler is None else scaler.get_scale())
+
+
+def schedule_lr(optimizer, scheduler) -> None:
+    """The lr of the schedule as built now at the checkpoint's step, into the optimizer, which the checkpoint gave
+    the lr of the schedule it was saved under (the same value unless its length changed)."""
+    sched = getattr(scheduler, "scheduler", scheduler)  # Accelerate's wrapper, or the bare one (DeepSpeed)
+    sched._last_lr = [base * factor(sched.last_epoch) for base, factor in zip(sched.base_lrs, sched.lr_lambdas,
+                                                                               strict=True)]
+    for group, lr in zip(optimizer.param_groups, sched._last_lr, strict=True):
+        group["lr"] = lr
 
 
 def continue_epoch(state: TrainState, resume: Path, cfg: DictConfig, world_size: int) -> None:

@@ -299,3 +299,15 @@ def test_model_card_records_the_command(tmp_path):
     card = (tmp_path / "model" / "README.md").read_text()
     assert "python recipes/finetune.py" in card and "optim.lr=2e-4" in card
 
+
+
+def test_a_resume_with_more_steps_trains_its_first_step_at_the_new_schedules_lr(tiny, tmp_path):
+    """trainer.max_steps may change on resume: the schedule is rebuilt for the new length, and the first step after
+    the resume uses its lr, not the one the checkpoint's optimizer held (0 at the end of a finished linear run)."""
+    run(tiny("trainer.max_steps=4", "checkpoint.every=4", "checkpoint.export=false", "trainer.log_every=1"), tmp_path)
+    run(tiny("trainer.max_steps=8", "checkpoint.resume=latest", "checkpoint.export=false", "trainer.log_every=1"),
+        tmp_path)
+    lrs = {e["step"]: e["lr"] for e in map(json.loads, (tmp_path / "metrics.jsonl").read_text().splitlines())
+           if e["event"] == "train"}
+    # linear, 1 warm-up step of 8 (warmup_ratio 0.1): the update of step n uses lr x (8 - (n - 1)) / 7
+    assert [lrs[n] for n in range(5, 9)] == pytest.approx([1e-3 * (9 - n) / 7 for n in range(5, 9)], rel=1e-9)
