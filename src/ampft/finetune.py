@@ -178,7 +178,9 @@ def build(cfg: DictConfig, run_dir: Path, held: contextlib.ExitStack | None = No
     max_steps = tr.max_steps if tr.max_steps > 0 else math.ceil(tr.epochs * steps_per_epoch)
     s = cfg.scheduler
     warmup = s.warmup_steps if s.warmup_steps > 0 else math.ceil(s.warmup_ratio * max_steps)
-    scheduler = get_scheduler(s.name.value, optimizer, num_warmup_steps=warmup, num_training_steps=max_steps)
+    # transformers' "constant" ignores num_warmup_steps; "constant_with_warmup" is the same schedule with it
+    name = "constant_with_warmup" if s.name.value == "constant" else s.name.value
+    scheduler = get_scheduler(name, optimizer, num_warmup_steps=warmup, num_training_steps=max_steps)
     scheduler = accelerator.prepare(scheduler)
     state = TrainState()  # checkpointed as JSON by checkpointing.save, not registered with Accelerate
 
