@@ -444,8 +444,12 @@ def export_model(training: Training, tokenizer: PreTrainedTokenizerBase, summary
         m = checkpointing.manifest(best)["metric"]
         summary["exported"] = f"best: {best.name} ({m['name']}={m['value']:.4g})"
     summary["export_dir"] = str(run_dir / "model")
+    card = summary
+    if best is not None:  # the card gives the exported weights' scores: the evaluation their checkpoint was ranked by
+        scored = json.loads((best / checkpointing.TRAIN_STATE).read_text())["eval_results"]
+        card = {**summary, "eval": {k: v for k, v in scored.items() if k != "samples"}}
     checkpointing.export(accelerator, model, tokenizer, run_dir / "model", to_plain(training.cfg),
-                         model_card(summary, training.cfg, training.family), step=training.state.step, source=best)
+                         model_card(card, training.cfg, training.family), step=training.state.step, source=best)
 
 
 def _early_stopping(cfg: DictConfig, st: TrainState) -> dict[str, Any] | None:

@@ -127,3 +127,27 @@ def test_the_recorded_command_is_the_overrides_as_a_shell_reads_them(tmp_path):
     (tmp_path / ".hydra").mkdir()
     OmegaConf.save(OmegaConf.create([*overrides, "hydra.run.dir=x"]), tmp_path / ".hydra" / "overrides.yaml")
     assert shlex.split(_command(tmp_path)) == ["python", "recipes/finetune.py", *overrides]
+
+
+def test_a_card_of_the_best_checkpoints_weights_gives_their_scores(tmp_path):
+    """checkpoint.export_best=true exports an earlier checkpoint's weights: the card (its table and its
+    model-index) gives the scores of that checkpoint's evaluation, not those of the last step's."""
+    from ampft.finetune import run
+    from tests.helpers import family_files, family_run_overrides
+
+    files = family_files(tmp_path / "data")
+    overrides = [*family_run_overrides("sst2", files), "trainer.batch_size=8", "optim.lr=1e-2",
+                 "trainer.max_steps=12", "trainer.eval_every=3", "checkpoint.every=3", "checkpoint.keep_best=1",
+                 "checkpoint.export_best=true", "checkpoint.export=true"]
+    try:
+        summary = run(compose_config("finetune", overrides), tmp_path / "run")
+    finally:
+        reset_accelerate()
+    evals = {e["step"]: e for e in map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines())
+             if e["event"] == "eval"}
+    best = int(re.search(r"best: step_(\d+)", summary["exported"]).group(1))
+    assert best != 12 and evals[best]["loss"] != evals[12]["loss"]  # the exported weights are not the last ones
+    card = ModelCard.load(tmp_path / "run" / "model" / "README.md")
+    scores = {r.metric_type: r.metric_value for r in card.data.eval_results}
+    assert scores == {k: v for k, v in evals[best].items() if k not in ("event", "step", "samples")}
+    assert f"| loss | {evals[best]['loss']:.4f} |" in card.text
