@@ -18,6 +18,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from ampft import errors
 from tests.helpers import ROOT, TINY
@@ -116,6 +117,15 @@ def test_benchmark_config_error_exits_2(tmp_path):
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "problem(s) in the benchmark config" in proc.stderr
     assert "benchmark.seq_len=4" in proc.stderr and "benchmark.batch_size=0" in proc.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="asserts the refusal on a machine without a GPU")
+def test_a_gpus_benchmark_without_a_gpu_is_refused_before_measuring(tmp_path):
+    proc = subprocess.run(["make", "--no-print-directory", "benchmark-gpu", f"hydra.run.dir={tmp_path / 'run'}",
+                           f"PYTHON={sys.executable}"], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "benchmark=bert-large-seq384 measures a GPU and this machine has none" in proc.stderr
+    assert not (tmp_path / "run" / "results.json").exists() and "speed mode" not in proc.stderr
 
 
 def test_comparison_config_error_exits_2(tmp_path):

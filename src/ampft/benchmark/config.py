@@ -110,6 +110,7 @@ class BenchmarkConfig:
     # wall-clock minutes the whole benchmark may take: arms projected to blow it are shortened or skipped
     # (the policy: ampft.benchmark.runner, docs/benchmarks/README.md#the-time-budget); null: no budget
     budget_minutes: float | None = None
+    gpu: bool = False  # true: a GPU's benchmark, refused at once on a machine without one (false measures the CPU)
     overrides: list[str] = field(default_factory=lambda: ["logging=none", "trainer.progress_bar=false"])
     extra: list[str] = field(default_factory=list)  # more shared overrides, for the command line (after those)
     speed: SpeedConfig = field(default_factory=SpeedConfig)

@@ -25,6 +25,7 @@ from ampft.benchmark.config import CONF_DIR, Mode, Runner, arms_for, check
 from ampft.benchmark.report import fmt_seconds, write_outputs
 from ampft.benchmark.speed import measure_arm
 from ampft.devices import cpu_fp16_note, cpu_half_support
+from ampft.errors import BenchmarkConfigError
 from ampft.estimate.run import predict_arms
 
 log = logging.getLogger(__name__)
@@ -105,9 +106,13 @@ def run_benchmark(b: DictConfig, out_dir: Path, conf_dir: Path = CONF_DIR, comma
     return report.md."""
     budget = Budget(b.budget_minutes)  # the budget counts from the start, composing included
     cfgs = check(b, conf_dir)  # every problem before anything is measured
+    cuda = torch.cuda.is_available() and not next(iter(cfgs.values())).trainer.cpu
+    if b.gpu and not cuda:
+        raise BenchmarkConfigError([f"benchmark={b.name} measures a GPU and this machine has none (or trainer.cpu="
+                                    "true): use make benchmark on a CPU, or benchmark.gpu=false to run it here "
+                                    "anyway (hours on a CPU, with no time budget)"])
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    cuda = torch.cuda.is_available() and not next(iter(cfgs.values())).trainer.cpu
     env = environment.describe(torch.device("cuda" if cuda else "cpu"))
     run = _Run(b, cfgs, env, budget)
     log.info("benchmark %s on %s: modes %s, arms %s, budget %s", b.name, env["device_name"],
