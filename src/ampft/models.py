@@ -133,11 +133,12 @@ def load_tokenizer_from(location: str | Path, what: str, key: str) -> PreTrained
         return AutoTokenizer.from_pretrained(path)
 
 
-def _arch_config(m: DictConfig, tokenizer: PreTrainedTokenizerBase, **task_kwargs) -> PretrainedConfig:
-    """The architecture of model.arch, with the vocabulary of the offline tokenizer (random init)."""
+def _arch_config(m: DictConfig, tokenizer: PreTrainedTokenizerBase, vocab_size: int | None = None,
+                 **task_kwargs) -> PretrainedConfig:
+    """The architecture of model.arch, with the vocabulary of the offline tokenizer (random init) or `vocab_size`."""
     arch = OmegaConf.to_container(m.arch, resolve=True)
     model_type = arch.pop("model_type")
-    arch["vocab_size"] = len(tokenizer)
+    arch["vocab_size"] = vocab_size or len(tokenizer)
     arch.setdefault("pad_token_id", tokenizer.pad_token_id)
     return AutoConfig.for_model(model_type, **arch, **task_kwargs)
 
@@ -172,9 +173,10 @@ def _flash_attn_2_usable() -> bool:
 
 def build_model(
     m: DictConfig, tokenizer: PreTrainedTokenizerBase, labels: list[str] | None, family: Family,
-    precision: Precision | str = Precision.fp32, device: torch.device | None = None,
+    precision: Precision | str = Precision.fp32, device: torch.device | None = None, vocab_size: int | None = None,
 ) -> PreTrainedModel:
-    """`family.model_class` with `family.model_kwargs(labels)`; the attention in use: `config._attn_implementation`."""
+    """`family.model_class` with `family.model_kwargs(labels)`; the attention in use: `config._attn_implementation`.
+    `vocab_size`: the embedding's rows for random init (default: the tokenizer's)."""
     attn = attention_implementation(m.attn_implementation, precision, device)
     task_kwargs = family.model_kwargs(labels)
     if m.pretrained:
@@ -183,7 +185,7 @@ def build_model(
             model = family.model_class.from_pretrained(path, **task_kwargs, attn_implementation=attn)
     else:
         try:
-            model = family.model_class.from_config(_arch_config(m, tokenizer, **task_kwargs),
+            model = family.model_class.from_config(_arch_config(m, tokenizer, vocab_size, **task_kwargs),
                                                    attn_implementation=attn)
         except (ValueError, KeyError, TypeError, ZeroDivisionError) as exc:
             # transformers refuses model.arch: an unknown model_type (its message lists them all), sizes that clash

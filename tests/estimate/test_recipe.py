@@ -94,3 +94,17 @@ def test_deberta_sequence_classification_traces(task):
                                       "task.max_length=32"])
     step = trace_all(cfg, ["fp32"], "cuda")[0]["fp32"]
     assert step.gradients == 4 * step.trainable_params and step.flops > 0
+
+
+def test_a_pretrained_model_is_counted_with_its_checkpoints_vocabulary():
+    """The trace builds the architecture with random weights; a pretrained run has the checkpoint's vocabulary
+    (model.arch.vocab_size), not the offline tokenizer's 30522: DeBERTa-v3-base was counted at 109M parameters of 184M."""
+    from ampft.estimate.run import trace_all
+
+    small = ["model.arch.hidden_size=64", "model.arch.num_hidden_layers=1", "model.arch.num_attention_heads=4",
+             "model.arch.intermediate_size=128", "trainer.batch_size=2", "task.max_length=16"]
+    params = {}
+    for pretrained in (True, False):
+        cfg = compose_config("estimate", ["model=deberta-v3-base", *small, f"model.pretrained={pretrained}"])
+        params[pretrained] = trace_all(cfg, ["fp32"], "cuda")[0]["fp32"].params
+    assert params[True] - params[False] == (128_100 - 30_522) * 64

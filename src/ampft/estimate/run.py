@@ -45,8 +45,11 @@ def trace_all(cfg: DictConfig, precisions: list[str], target: str) -> tuple[dict
     labels, note = _labels(cfg.task)
     notes = [note] if note else []
     family = family_for(cfg.task.family)
+    # A pretrained run has the checkpoint's vocabulary (model.arch.vocab_size where it differs from the offline
+    # tokenizer's: cased BERT, RoBERTa, DeBERTa-v3), random init the tokenizer's.
+    vocab = cfg.model.arch.get("vocab_size") if cfg.model.pretrained else None
     with (mode := fake_mode()):
-        model = build_model(m, tokenizer, labels, family, Precision.fp32, torch.device("cpu"))
+        model = build_model(m, tokenizer, labels, family, Precision.fp32, torch.device("cpu"), vocab)
         batch = fake_batch(family, int(cfg.trainer.batch_size), int(cfg.task.max_length), model.config.vocab_size)
     if model.config.problem_type is None and model.config.num_labels > 1 and cfg.task.family == "classification":
         # What BERT's forward sets from integer labels. Without it DeBERTa-v2 picks the labelled rows with nonzero(),
