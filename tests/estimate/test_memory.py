@@ -96,3 +96,20 @@ def test_largest_batch_is_the_last_that_fits(cfg, traces):
     assert memory.forward_backward_at(tr, b, n) <= usable < memory.forward_backward_at(tr, b, n + 1)
     assert memory.largest_batch(tr, b, b["optimizer_step"] * 0.5) == 0
 
+
+
+def test_cpu_offload_takes_its_part_off_the_gpu(cfg, traces):
+    """distributed=deepspeed-z3-offload was counted as plain ZeRO-3: the optimizer state and weights it keeps in CPU
+    memory were on the GPU's bill."""
+    tr = traces["fp16"]
+    off = OmegaConf.merge(cfg, {"distributed": {"offload_optimizer": True, "offload_param": True,
+                                                "fsdp_cpu_offload": True}})
+    for s in ("zero1", "zero2", "zero3", "fsdp2"):
+        on, c = memory.breakdown(tr, s, cfg, N), memory.breakdown(tr, s, off, N)
+        assert c["components"]["optimizer_state"] == c["components"].get("fp32_master_copies", 0) == 0
+        assert c["peak"] < on["peak"]
+    for s in ("zero3", "fsdp2"):
+        assert memory.breakdown(tr, s, off, N)["components"]["weights"] == 0
+    assert memory.breakdown(tr, "zero2", off, N)["components"]["weights"] > 0
+    for s in ("single", "ddp"):
+        assert memory.breakdown(tr, s, off, N) == memory.breakdown(tr, s, cfg, N)

@@ -56,6 +56,14 @@ def breakdown(tr: StepTrace, strategy: str, cfg: DictConfig, ranks: int) -> dict
         comm_fb = 2 * block + block / max(weight_elem, 1) * grad_elem
         if not d.fsdp_reshard_after_forward:
             comm_fb += weights * (n - 1) / n
+    # CPU offload (DeepSpeed's offload_optimizer/offload_param, FSDP2's fsdp_cpu_offload): the optimizer state, its
+    # fp32 master copies and its step, or the weights' shards, are in CPU memory, not on the GPU.
+    off_opt = strategy.startswith("zero") and d.offload_optimizer or strategy == "fsdp2" and d.fsdp_cpu_offload
+    off_weights = strategy == "zero3" and d.offload_param or strategy == "fsdp2" and d.fsdp_cpu_offload
+    if off_opt:
+        state = master = opt_temp = 0.0
+    if off_weights:
+        weights = 0.0
     resident = dict(weights=weights / w_div, optimizer_state=state / s_div, fp32_master_copies=master / s_div,
                     loss_scaler=SCALER_BYTES if tr.precision == "fp16" else 0)
     at_fb = dict(resident, weight_casts=casts, activations=float(fb.get("activations", 0)),
