@@ -48,11 +48,13 @@ def test_estimate_writes_every_precision_side_by_side(tmp_path):
 
 def test_a_precision_the_gpu_lacks_gets_memory_but_no_time(tmp_path):
     r = _run(tmp_path, "model=tiny-bert", "trainer.batch_size=4", "task.max_length=32", "estimate.gpu=v100-32gb",
-             "estimate.precisions=[fp32,bf16]")
+             "estimate.precisions=[fp32,bf16]", "trainer.grad_accum=2")
     assert r.returncode == 0, r.stderr[-3000:]
     result = json.loads((tmp_path / "estimate.json").read_text())
     assert result["rows"]["bf16"]["time"] is None and result["rows"]["bf16"]["memory"]["single"]["peak"] > 0
-    assert "not supported" in (tmp_path / "estimate.md").read_text()
+    md = (tmp_path / "estimate.md").read_text()
+    assert "not supported" in md
+    assert "trainer.grad_accum=2: step ms is one micro-batch of 4 and an optimizer step" in md  # what it times
 
 
 def test_bad_values_are_refused_with_the_key_and_the_choices(tmp_path):

@@ -160,6 +160,10 @@ def estimate(cfg: DictConfig, command: str = "") -> dict:
                        trace={**{k: getattr(tr, k) for k in TRACE_FIELDS}, "seconds": round(tr.seconds, 2)})
         if t is None:
             notes.append(f"{dev.label} has no {p} support: its memory is shown, no time")
+    if (n := int(cfg.trainer.grad_accum)) > 1:
+        notes.append(f"trainer.grad_accum={n}: step ms is one micro-batch of {cfg.trainer.batch_size} and an "
+                     f"optimizer step, and samples/s is from it; the run takes {n} micro-batches per optimizer "
+                     "step, so its samples/s is a little higher")
     chosen = {Backend.single: "single", Backend.ddp: "ddp", Backend.fsdp: "fsdp2"}.get(
         Backend(d.backend), f"zero{d.zero_stage}" if d.zero_stage else "ddp")
     return dict(
