@@ -219,10 +219,9 @@ def apply_changes(accelerator: Accelerator, optimizer, scheduler, cfg: DictConfi
     checkpoint's. What cannot be applied `check_config` refuses."""
     sched = getattr(scheduler, "scheduler", scheduler)  # Accelerate's wrapper, or the bare one (DeepSpeed)
     sched.base_lrs = [cfg.optim.lr] * len(optimizer.param_groups)
-    sched._last_lr = [base * factor(sched.last_epoch) for base, factor in zip(sched.base_lrs, sched.lr_lambdas,
-                                                                               strict=True)]
-    for group, built, lr in zip(optimizer.param_groups, groups, sched._last_lr, strict=True):
-        group.update(built, lr=lr)  # as built (initial_lr: the new optim.lr), at the schedule's current step
+    for group, built in zip(optimizer.param_groups, groups, strict=True):
+        group.update(built)  # as built (initial_lr: the new optim.lr)
+    schedule_lr(optimizer, scheduler)  # the new base lr at the schedule's current step
     if (scaler := accelerator.scaler) is not None:
         if not any(c.startswith(("precision.init_scale:", "precision.static_scale:")) for c in changed):
             loaded = scaler.state_dict()
